@@ -1,0 +1,260 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Volume, VolumeMount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Upper bounds on what one policy may inject. They keep CEL validation within the API server's
+/// cost budget and keep a single admission response small.
+pub const MAX_INJECTED_CONTAINERS: usize = 16;
+pub const MAX_INJECTED_VOLUMES: usize = 32;
+pub const MAX_INJECTED_ENV: usize = 128;
+pub const MAX_INJECTED_MOUNTS: usize = 32;
+pub const MAX_VALUES: usize = 64;
+
+// CEL rules on the template. They live here, next to the fields they guard, and are emitted into the
+// generated CRD. Each list they walk is bounded by maxItems so the API server can cost them.
+const RULE_NO_PRIVILEGED: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
+    !has(self.template) || \
+    ((!has(self.template.containers) || self.template.containers.all(c, \
+        !(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))) && \
+     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
+        !(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))))";
+const RULE_NO_HOST_PORTS: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
+    !has(self.template) || \
+    ((!has(self.template.containers) || self.template.containers.all(c, \
+        !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))) && \
+     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
+        !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))))";
+const RULE_NO_PRIVILEGED_CAPS: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
+    !has(self.template) || \
+    ((!has(self.template.containers) || self.template.containers.all(c, \
+        !(has(c.securityContext) && has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add) && \
+          c.securityContext.capabilities.add.exists(a, a in ['ALL', 'SYS_ADMIN', 'NET_ADMIN', 'NET_RAW', 'SYS_PTRACE', 'SYS_MODULE'])))) && \
+     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
+        !(has(c.securityContext) && has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add) && \
+          c.securityContext.capabilities.add.exists(a, a in ['ALL', 'SYS_ADMIN', 'NET_ADMIN', 'NET_RAW', 'SYS_PTRACE', 'SYS_MODULE'])))))";
+const RULE_NO_HOST_PATH: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
+    !has(self.template) || !has(self.template.volumes) || self.template.volumes.all(v, !has(v.hostPath))";
+
+/// What to inject into pods, and where. Cluster-scoped: one policy serves every namespace its
+/// `namespaceSelector` selects.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "splice.dev",
+    version = "v1alpha1",
+    kind = "InjectionPolicy",
+    plural = "injectionpolicies",
+    shortname = "ipol",
+    category = "splice",
+    status = "InjectionPolicyStatus",
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(RULE_NO_PRIVILEGED)
+    .message("privileged containers are only allowed when spec.allowPrivileged is true")
+    .reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(RULE_NO_HOST_PORTS)
+    .message("hostPort (a host network namespace binding) is only allowed when spec.allowPrivileged is true")
+    .reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(RULE_NO_PRIVILEGED_CAPS)
+    .message("adding ALL, SYS_ADMIN, NET_ADMIN, NET_RAW, SYS_PTRACE or SYS_MODULE capabilities is only allowed when spec.allowPrivileged is true")
+    .reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new(RULE_NO_HOST_PATH)
+    .message("hostPath volumes are only allowed when spec.allowPrivileged is true")
+    .reason(Reason::FieldValueForbidden))]
+pub struct InjectionPolicySpec {
+    /// Namespaces whose pods are injected. Absent selects every namespace (the mandatory
+    /// exclusions always apply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// Pods that are injected, by their labels. Absent selects every pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_selector: Option<LabelSelector>,
+
+    /// Admission operations that trigger injection. UPDATE only applies labels and annotations,
+    /// because a pod's containers are immutable after creation.
+    #[serde(default = "default_operations")]
+    #[schemars(length(min = 1, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(o, self.exists_one(p, p == o))").message("operations must not repeat"))]
+    pub operations: Vec<Operation>,
+
+    /// The failure policy requested. `Fail` is only put in force when Splice itself is highly
+    /// available; see status.effectiveFailurePolicy.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// How long the API server waits for the webhook, in seconds.
+    #[serde(default = "default_timeout_seconds")]
+    #[schemars(range(min = 1, max = 30))]
+    pub timeout_seconds: i32,
+
+    /// Whether the API server calls this webhook again when a later webhook changed the pod.
+    #[serde(default)]
+    pub reinvocation_policy: ReinvocationPolicy,
+
+    /// Break-glass: true removes this policy's webhook configuration until set back to false.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// Allows privileged containers, privileged capabilities, host ports and hostPath volumes in
+    /// the template.
+    #[serde(default)]
+    pub allow_privileged: bool,
+
+    /// Values that templates read as `values.<key>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub values: BTreeMap<String, String>,
+
+    /// What is injected.
+    #[serde(default)]
+    pub template: InjectionTemplate,
+}
+
+/// The content a policy injects. String values may hold `{{ … }}` expressions over `pod`,
+/// `namespace`, `policy` and `values`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.initContainers) || !has(self.containers) || \
+    !self.initContainers.exists(i, self.containers.exists(c, c.name == i.name))")
+    .message("an injected init container and an injected container must not share a name")
+    .reason(Reason::FieldValueDuplicate))]
+pub struct InjectionTemplate {
+    /// Inserted before the pod's own init containers. Native sidecars are init containers with
+    /// `restartPolicy: Always`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub init_containers: Vec<Container>,
+
+    /// Appended after the pod's own containers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub containers: Vec<Container>,
+
+    /// Added to the pod's volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub volumes: Vec<Volume>,
+
+    /// Added to every application container (never to injected ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub env: Vec<EnvVar>,
+
+    /// Added to every application container (never to injected ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["mountPath"]))]
+    pub volume_mounts: Vec<VolumeMount>,
+
+    /// Pod labels.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub labels: BTreeMap<String, String>,
+
+    /// Pod annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    #[serde(rename = "CREATE")]
+    Create,
+    #[serde(rename = "UPDATE")]
+    Update,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+        }
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FailurePolicy {
+    #[default]
+    Ignore,
+    Fail,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Ignore => "Ignore",
+            FailurePolicy::Fail => "Fail",
+        }
+    }
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ReinvocationPolicy {
+    #[default]
+    IfNeeded,
+    Never,
+}
+
+impl ReinvocationPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReinvocationPolicy::IfNeeded => "IfNeeded",
+            ReinvocationPolicy::Never => "Never",
+        }
+    }
+}
+
+fn default_operations() -> Vec<Operation> {
+    vec![Operation::Create]
+}
+
+fn default_timeout_seconds() -> i32 {
+    3
+}
+
+/// What the operator last observed and did for a policy.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InjectionPolicyStatus {
+    /// The generation the status below describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Ready, WebhookConfigured, FailClosed and Conflicted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// Name of the MutatingWebhookConfiguration that serves this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_configuration: Option<String>,
+
+    /// The failure policy actually written into the webhook configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_failure_policy: Option<FailurePolicy>,
+
+    /// Hash of the template and values the webhook injects, as recorded in `splice.dev/status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+}
+
+/// Condition types.
+pub mod condition {
+    pub const READY: &str = "Ready";
+    pub const WEBHOOK_CONFIGURED: &str = "WebhookConfigured";
+    pub const FAIL_CLOSED: &str = "FailClosed";
+    pub const CONFLICTED: &str = "Conflicted";
+}

@@ -1,0 +1,2 @@
+//! The injection engine and the HTTPS admission server.
+pub mod engine;
