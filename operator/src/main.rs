@@ -1,21 +1,9 @@
-use clap::{Parser, Subcommand};
+//! The `splice` binary. Thin: parse the command line, hand off to one module per subcommand.
 
-#[derive(Parser)]
-#[command(name = "splice", version, about = "Owns the lifecycle of mutating admission webhooks")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+mod cli;
 
-#[derive(Subcommand)]
-enum Command {
-    /// Print the InjectionPolicy CRD as YAML.
-    Crd,
-}
+use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Crd => print!("{}", splice_crds::crd_yaml()?),
-    }
-    Ok(())
+fn main() -> std::process::ExitCode {
+    cli::Cli::parse().run()
 }

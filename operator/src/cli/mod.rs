@@ -1,0 +1,48 @@
+//! One module per subcommand; each owns its flags and returns the process exit code.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod crd;
+mod explain;
+mod inject;
+mod run;
+mod simulate;
+mod webhook;
+
+#[derive(Parser)]
+#[command(name = "splice", version, about = "Owns the lifecycle of mutating admission webhooks")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the controller (leader only), the webhook server and the admin server.
+    Run(run::Args),
+    /// Apply policies offline to manifests (the GitOps path).
+    Inject(inject::Args),
+    /// Replay the API server's mutating chain for a pod.
+    Simulate(simulate::Args),
+    /// Serve the webhook alone, with static policies and no cluster.
+    Webhook(webhook::Args),
+    /// Explain which policies apply to a pod, and why.
+    Explain(explain::Args),
+    /// Print the InjectionPolicy CRD as YAML.
+    Crd,
+}
+
+impl Cli {
+    pub fn run(self) -> ExitCode {
+        match self.command {
+            Command::Run(args) => run::main(args),
+            Command::Inject(args) => inject::main(args),
+            Command::Simulate(args) => simulate::main(args),
+            Command::Webhook(args) => webhook::main(args),
+            Command::Explain(args) => explain::main(args),
+            Command::Crd => crd::main(),
+        }
+    }
+}
