@@ -2,12 +2,14 @@
 //!
 //! Pure and synchronous: no I/O, no clock, no global state. The webhook calls it on the request
 //! path and `splice inject` calls it offline, so both give byte-identical results.
-//!
-//! API SURFACE FIXED BY THE LEAD; bodies are being written in the engine work item.
 
 use std::collections::BTreeMap;
 
 use splice_crds::{InjectionPolicySpec, Operation};
+
+mod provenance;
+
+pub use provenance::{Provenance, ProvenanceEntry};
 
 /// The namespace a pod is admitted into, as templates and namespace selectors see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -22,6 +24,20 @@ pub struct NamespaceContext {
 pub struct Exclusions {
     /// kube-system, kube-node-lease and Splice's own namespace.
     pub namespaces: Vec<String>,
+}
+
+impl Exclusions {
+    /// The mandatory exclusions plus Splice's own namespace.
+    pub fn default_for(splice_namespace: &str) -> Self {
+        let _ = splice_namespace;
+        todo!()
+    }
+
+    /// True when pods in `namespace` must never be injected.
+    pub fn excludes(&self, namespace: &str) -> bool {
+        let _ = namespace;
+        todo!()
+    }
 }
 
 /// A policy checked and compiled once (templates parsed, selectors validated, hash computed), then
@@ -52,6 +68,26 @@ impl CompiledPolicy {
     }
     pub fn spec(&self) -> &InjectionPolicySpec {
         todo!()
+    }
+    pub fn generation(&self) -> i64 {
+        todo!()
+    }
+    /// Evaluates the namespace and object selectors (full LabelSelector semantics). `None` when
+    /// both select; otherwise the reason this policy leaves the pod alone.
+    pub fn check_selectors(
+        &self,
+        _namespace: &NamespaceContext,
+        _pod_labels: &BTreeMap<String, String>,
+    ) -> Option<SkipReason> {
+        todo!()
+    }
+    /// True when both selectors select the pod.
+    pub fn selects(
+        &self,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.check_selectors(namespace, pod_labels).is_none()
     }
 }
 
@@ -98,19 +134,115 @@ pub enum SkipReason {
 impl SkipReason {
     /// Stable label for `splice_injection_skipped_total{reason}`.
     pub fn label(self) -> &'static str {
-        todo!()
+        match self {
+            SkipReason::ExcludedNamespace => "excluded_namespace",
+            SkipReason::OptedOut => "opted_out",
+            SkipReason::NamespaceNotSelected => "namespace_not_selected",
+            SkipReason::ObjectNotSelected => "object_not_selected",
+            SkipReason::OperationNotConfigured => "operation_not_configured",
+            SkipReason::NotAPod => "not_a_pod",
+        }
     }
 }
 
-/// Errors in a policy (found when compiling it).
+/// Errors in a policy (found when compiling it). Each names the policy and the field.
 #[derive(Debug, thiserror::Error)]
-pub enum PolicyError {}
+pub enum PolicyError {
+    /// A `{{ … }}` expression does not parse, names a variable outside `pod`, `namespace`,
+    /// `policy` and `values`, or (for a template that only reads `policy`/`values`) fails to
+    /// render.
+    #[error("policy {policy}: {field}: {message}")]
+    Template {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// A label selector that Kubernetes would reject (unknown operator, values where none are
+    /// allowed, no values where some are required).
+    #[error("policy {policy}: {field}: {message}")]
+    Selector {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// Two injected items of the same kind share a name (containers and init containers share
+    /// one name space).
+    #[error("policy {policy}: {field}: duplicate name {name:?}")]
+    DuplicateName {
+        policy: String,
+        field: String,
+        name: String,
+    },
+    /// A field the engine needs is missing or unusable (empty name, reserved key, ...).
+    #[error("policy {policy}: {field}: {message}")]
+    InvalidField {
+        policy: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl PolicyError {
+    /// Stable label for metrics and conditions.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PolicyError::Template { .. } => "template",
+            PolicyError::Selector { .. } => "selector",
+            PolicyError::DuplicateName { .. } => "duplicate_name",
+            PolicyError::InvalidField { .. } => "invalid_field",
+        }
+    }
+}
 
 /// Errors while injecting one pod.
 #[derive(Debug, thiserror::Error)]
-pub enum EngineError {}
+pub enum EngineError {
+    /// The object is not valid JSON, or a field the engine reads has the wrong type.
+    #[error("invalid object: {0}")]
+    InvalidObject(String),
+    /// A template failed to render for this pod (undefined variable, out of fuel, too large).
+    #[error("policy {policy}: {field}: {message}")]
+    Render {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// A rendered value is unusable (an empty or duplicate name, an invalid label value).
+    #[error("policy {policy}: {field}: {message}")]
+    InvalidRender {
+        policy: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl EngineError {
+    /// Stable label for `splice_admission_requests_total{outcome}` and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EngineError::InvalidObject(_) => "invalid_object",
+            EngineError::Render { .. } => "render",
+            EngineError::InvalidRender { .. } => "invalid_render",
+        }
+    }
+}
 
 /// Decides and computes the injection of `policy` into `request.object`.
 pub fn inject(_policy: &CompiledPolicy, _request: &PodRequest<'_>) -> Result<Decision, EngineError> {
+    todo!()
+}
+
+/// Like [`inject`], and also returns the object with the patch applied (the input unchanged when
+/// the decision is a skip or the patch is empty). `splice inject` and `splice simulate` use it.
+pub fn inject_and_apply(
+    _policy: &CompiledPolicy,
+    _request: &PodRequest<'_>,
+) -> Result<(Decision, serde_json::Value), EngineError> {
+    todo!()
+}
+
+/// Reads the `splice.dev/status` annotation of a pod (raw JSON): what each Splice policy injected.
+/// An absent annotation gives an empty map.
+pub fn provenance(_object: &str) -> Result<Provenance, EngineError> {
     todo!()
 }
