@@ -1,2 +1,8 @@
 //! The injection engine and the HTTPS admission server.
 pub mod engine;
+pub mod admin;
+pub mod admission;
+pub mod metrics;
+pub mod server;
+pub mod store;
+pub mod tls;

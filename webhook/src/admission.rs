@@ -1,0 +1,461 @@
+//! The `admission.k8s.io/v1` AdmissionReview wire format, parsed lean.
+//!
+//! The request is deserialized into borrowed structs: strings point into the body when they hold
+//! no escapes, and the object is a [`RawValue`] handed to the engine as `&str`, so the server never
+//! builds a tree of the pod. Unknown fields (userInfo, oldObject, options) are skipped.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// The only AdmissionReview version Splice registers for (`admissionReviewVersions: [v1]`).
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// A string borrowed from the body when possible. `Option<Cow<str>>` alone never borrows.
+#[derive(Debug, Deserialize)]
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+#[derive(Debug, Deserialize)]
+struct WireReview<'a> {
+    #[serde(rename = "apiVersion", borrow)]
+    api_version: Option<Text<'a>>,
+    #[serde(borrow)]
+    kind: Option<Text<'a>>,
+    #[serde(borrow)]
+    request: Option<WireRequest<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireRequest<'a> {
+    #[serde(borrow)]
+    uid: Option<Text<'a>>,
+    #[serde(borrow)]
+    kind: Option<WireGroupVersionKind<'a>>,
+    #[serde(borrow)]
+    resource: Option<WireGroupVersionResource<'a>>,
+    #[serde(borrow)]
+    sub_resource: Option<Text<'a>>,
+    #[serde(borrow)]
+    operation: Option<Text<'a>>,
+    #[serde(borrow)]
+    namespace: Option<Text<'a>>,
+    #[serde(borrow)]
+    name: Option<Text<'a>>,
+    #[serde(borrow)]
+    object: Option<&'a RawValue>,
+    dry_run: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireGroupVersionKind<'a> {
+    #[serde(borrow)]
+    group: Option<Text<'a>>,
+    #[serde(borrow)]
+    version: Option<Text<'a>>,
+    #[serde(borrow)]
+    kind: Option<Text<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct WireGroupVersionResource<'a> {
+    #[serde(borrow)]
+    group: Option<Text<'a>>,
+    #[serde(borrow)]
+    version: Option<Text<'a>>,
+    #[serde(borrow)]
+    resource: Option<Text<'a>>,
+}
+
+/// `request.operation`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdmissionOperation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl AdmissionOperation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionOperation::Create => "CREATE",
+            AdmissionOperation::Update => "UPDATE",
+            AdmissionOperation::Delete => "DELETE",
+            AdmissionOperation::Connect => "CONNECT",
+        }
+    }
+
+    /// The operation as policies configure it; `None` for those no policy can select.
+    pub fn injectable(self) -> Option<splice_crds::Operation> {
+        match self {
+            AdmissionOperation::Create => Some(splice_crds::Operation::Create),
+            AdmissionOperation::Update => Some(splice_crds::Operation::Update),
+            AdmissionOperation::Delete | AdmissionOperation::Connect => None,
+        }
+    }
+}
+
+/// A checked AdmissionReview request, borrowing from the body.
+#[derive(Debug)]
+pub struct Review<'a> {
+    pub api_version: Cow<'a, str>,
+    pub kind: Cow<'a, str>,
+    pub uid: Cow<'a, str>,
+    pub operation: AdmissionOperation,
+    /// True when the request is about the `pods` resource itself (core/v1, no subresource).
+    pub is_pod: bool,
+    pub namespace: Cow<'a, str>,
+    pub name: Option<Cow<'a, str>>,
+    /// The incoming object, verbatim. Present for every CREATE and UPDATE of a pod.
+    pub object: Option<&'a RawValue>,
+    pub dry_run: bool,
+}
+
+/// Why a body is not an AdmissionReview Splice can answer (HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("the request body is empty")]
+    Empty,
+    #[error("the request body is truncated: {0}")]
+    Truncated(#[source] serde_json::Error),
+    #[error("the request body is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("the request body is not an AdmissionReview: {0}")]
+    Shape(#[source] serde_json::Error),
+    #[error("apiVersion is {0:?}; Splice only speaks {API_VERSION}")]
+    ApiVersion(String),
+    #[error("kind is {0:?}; expected {KIND}")]
+    Kind(String),
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+    #[error("request.uid is missing or empty")]
+    NoUid,
+    #[error("request.kind is missing")]
+    NoKind,
+    #[error("request.operation is {0:?}; expected CREATE, UPDATE, DELETE or CONNECT")]
+    Operation(String),
+    #[error("request.object is missing for a {0} of a pod")]
+    NoObject(&'static str),
+    #[error("request.namespace is missing for a pod")]
+    NoNamespace,
+}
+
+impl ReviewError {
+    /// Stable label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ReviewError::Empty => "empty_body",
+            ReviewError::Truncated(_) => "truncated_body",
+            ReviewError::NotJson(_) => "not_json",
+            ReviewError::Shape(_) => "not_an_admission_review",
+            ReviewError::ApiVersion(_) => "unsupported_api_version",
+            ReviewError::Kind(_) => "wrong_kind",
+            ReviewError::NoRequest => "no_request",
+            ReviewError::NoUid => "no_uid",
+            ReviewError::NoKind => "no_request_kind",
+            ReviewError::Operation(_) => "unknown_operation",
+            ReviewError::NoObject(_) => "no_object",
+            ReviewError::NoNamespace => "no_namespace",
+        }
+    }
+}
+
+/// Echoing request input in an error message is useful, but only a little of it.
+fn clip(value: &str) -> String {
+    const MAX: usize = 64;
+    match value.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &value[..cut]),
+        None => value.to_owned(),
+    }
+}
+
+fn text<'a>(t: Option<Text<'a>>) -> Option<Cow<'a, str>> {
+    t.map(|t| t.0)
+}
+
+/// Parses and checks an AdmissionReview body.
+pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ReviewError::Empty);
+    }
+    let wire: WireReview<'_> = serde_json::from_slice(body).map_err(|e| {
+        if e.is_eof() {
+            ReviewError::Truncated(e)
+        } else if e.is_syntax() {
+            ReviewError::NotJson(e)
+        } else {
+            ReviewError::Shape(e)
+        }
+    })?;
+    let api_version = text(wire.api_version).unwrap_or_default();
+    if api_version != API_VERSION {
+        return Err(ReviewError::ApiVersion(clip(&api_version)));
+    }
+    let kind = text(wire.kind).unwrap_or_default();
+    if kind != KIND {
+        return Err(ReviewError::Kind(clip(&kind)));
+    }
+    let request = wire.request.ok_or(ReviewError::NoRequest)?;
+    let uid = text(request.uid)
+        .filter(|u| !u.is_empty())
+        .ok_or(ReviewError::NoUid)?;
+    let gvk = request.kind.ok_or(ReviewError::NoKind)?;
+    let operation = match text(request.operation).as_deref() {
+        Some("CREATE") => AdmissionOperation::Create,
+        Some("UPDATE") => AdmissionOperation::Update,
+        Some("DELETE") => AdmissionOperation::Delete,
+        Some("CONNECT") => AdmissionOperation::Connect,
+        other => return Err(ReviewError::Operation(clip(other.unwrap_or_default()))),
+    };
+    let is_core_v1 = |group: Option<Text<'_>>, version: Option<Text<'_>>| {
+        text(group).unwrap_or_default().is_empty() && text(version).as_deref() == Some("v1")
+    };
+    let kind_is_pod =
+        text(gvk.kind).as_deref() == Some("Pod") && is_core_v1(gvk.group, gvk.version);
+    // The resource is optional in practice (hand-written reviews); when present it must agree.
+    let resource_is_pods = request.resource.is_none_or(|r| {
+        text(r.resource).as_deref() == Some("pods") && is_core_v1(r.group, r.version)
+    });
+    let whole_object = text(request.sub_resource).unwrap_or_default().is_empty();
+    let is_pod = kind_is_pod && resource_is_pods && whole_object;
+    let namespace = text(request.namespace).unwrap_or_default();
+    let object = request.object.filter(|o| o.get() != "null");
+    if is_pod {
+        if let Some(op) = operation.injectable().map(|_| operation.as_str()) {
+            if object.is_none() {
+                return Err(ReviewError::NoObject(op));
+            }
+        }
+        if namespace.is_empty() {
+            return Err(ReviewError::NoNamespace);
+        }
+    }
+    Ok(Review {
+        api_version,
+        kind,
+        uid,
+        operation,
+        is_pod,
+        namespace,
+        name: text(request.name).filter(|n| !n.is_empty()),
+        object,
+        dry_run: request.dry_run.unwrap_or(false),
+    })
+}
+
+#[derive(Serialize)]
+struct WireResponseReview<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'a str,
+    kind: &'a str,
+    response: WireResponse<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WireResponse<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+}
+
+/// Serializes an allowing AdmissionReview response echoing the request's `apiVersion`, `kind` and
+/// `uid`. `patch` (a serialized JSON Patch array) is included, base64-encoded with
+/// `patchType: JSONPatch`, only when `Some`.
+pub fn allowed_response(
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+    patch: Option<&[u8]>,
+    warnings: &[String],
+) -> Vec<u8> {
+    use base64::Engine as _;
+    let review = WireResponseReview {
+        api_version,
+        kind,
+        response: WireResponse {
+            uid,
+            allowed: true,
+            patch_type: patch.map(|_| "JSONPatch"),
+            patch: patch.map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+            warnings,
+        },
+    };
+    // Serializing strings, a bool and a string slice into a Vec cannot fail.
+    serde_json::to_vec(&review).unwrap_or_default()
+}
+
+/// Finds `request.uid` without parsing the body: the benchmark's null handler measures the server
+/// stack alone. It looks for the first `"uid"` key, which in an AdmissionReview is the request's.
+pub fn scan_uid(body: &[u8]) -> Option<&str> {
+    const KEY: &[u8] = b"\"uid\"";
+    let at = body.windows(KEY.len()).position(|w| w == KEY)?;
+    let rest = body.get(at + KEY.len()..)?;
+    let rest = rest
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
+    let rest = rest.strip_prefix(b"\"")?;
+    let end = rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+    std::str::from_utf8(rest.get(..end)?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(request: &str) -> String {
+        format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request}}}"#
+        )
+    }
+
+    const POD_CREATE: &str = r#"{"uid":"u-1","kind":{"group":"","version":"v1","kind":"Pod"},
+        "resource":{"group":"","version":"v1","resource":"pods"},"operation":"CREATE",
+        "namespace":"team-a","userInfo":{"username":"x"},
+        "object":{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}},"dryRun":true}"#;
+
+    #[test]
+    fn a_pod_create_is_parsed_and_its_object_kept_verbatim() {
+        let body = review(POD_CREATE);
+        let r = parse_review(body.as_bytes()).unwrap();
+        assert_eq!(r.uid, "u-1");
+        assert_eq!(r.operation, AdmissionOperation::Create);
+        assert!(r.is_pod);
+        assert!(r.dry_run);
+        assert_eq!(r.namespace, "team-a");
+        assert_eq!(
+            r.object.map(RawValue::get),
+            Some(r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#)
+        );
+        assert!(
+            matches!(r.uid, Cow::Borrowed(_)),
+            "uid should borrow from the body"
+        );
+    }
+
+    #[test]
+    fn an_escaped_uid_is_decoded() {
+        let body = review(&POD_CREATE.replace(r#""u-1""#, r#""u\u002d1""#));
+        assert_eq!(parse_review(body.as_bytes()).unwrap().uid, "u-1");
+    }
+
+    #[test]
+    fn bad_bodies_are_told_apart() {
+        let label = |b: &str| parse_review(b.as_bytes()).unwrap_err().label();
+        assert_eq!(label(""), "empty_body");
+        assert_eq!(label("  \n"), "empty_body");
+        let full = review(POD_CREATE);
+        assert_eq!(label(&full[..full.len() / 2]), "truncated_body");
+        assert_eq!(label("hello"), "not_json");
+        assert_eq!(label("[1,2]"), "not_an_admission_review");
+        assert_eq!(
+            label(r#"{"apiVersion":"admission.k8s.io/v1beta1"}"#),
+            "unsupported_api_version"
+        );
+        assert_eq!(
+            label(r#"{"apiVersion":"admission.k8s.io/v1","kind":"Pod"}"#),
+            "wrong_kind"
+        );
+        assert_eq!(
+            label(r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#),
+            "no_request"
+        );
+        assert_eq!(label(&review(r#"{"kind":{"kind":"Pod"}}"#)), "no_uid");
+        assert_eq!(label(&review(r#"{"uid":""}"#)), "no_uid");
+        assert_eq!(label(&review(r#"{"uid":"u"}"#)), "no_request_kind");
+        assert_eq!(
+            label(&review(
+                r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"operation":"PATCH"}"#
+            )),
+            "unknown_operation"
+        );
+        assert_eq!(
+            label(&review(
+                r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"operation":"CREATE","namespace":"a"}"#
+            )),
+            "no_object"
+        );
+        assert_eq!(
+            label(&review(
+                r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"operation":"CREATE","object":{}}"#
+            )),
+            "no_namespace"
+        );
+    }
+
+    #[test]
+    fn a_duplicated_uid_is_refused_rather_than_guessed() {
+        let body = review(r#"{"uid":"a","uid":"b","kind":{"version":"v1","kind":"Pod"}}"#);
+        assert_eq!(
+            parse_review(body.as_bytes()).unwrap_err().label(),
+            "not_an_admission_review"
+        );
+    }
+
+    #[test]
+    fn error_messages_clip_what_they_echo() {
+        let long = "x".repeat(10_000);
+        let body = format!(r#"{{"apiVersion":"{long}"}}"#);
+        let message = parse_review(body.as_bytes()).unwrap_err().to_string();
+        assert!(message.len() < 200, "{message}");
+    }
+
+    #[test]
+    fn a_delete_without_object_and_non_pods_are_parsed() {
+        let body = review(
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"operation":"DELETE","namespace":"a","object":null}"#,
+        );
+        let r = parse_review(body.as_bytes()).unwrap();
+        assert_eq!(r.operation, AdmissionOperation::Delete);
+        assert!(r.object.is_none());
+
+        let body = review(
+            r#"{"uid":"u","kind":{"group":"apps","version":"v1","kind":"Deployment"},"operation":"CREATE","namespace":"a","object":{}}"#,
+        );
+        assert!(!parse_review(body.as_bytes()).unwrap().is_pod);
+
+        let body = review(
+            r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"resource":{"version":"v1","resource":"pods"},"subResource":"status","operation":"UPDATE","namespace":"a","object":{}}"#,
+        );
+        assert!(!parse_review(body.as_bytes()).unwrap().is_pod);
+    }
+
+    #[test]
+    fn a_response_carries_the_patch_only_when_there_is_one() {
+        let with = allowed_response(API_VERSION, KIND, "u", Some(b"[]"), &["w".to_owned()]);
+        let v: serde_json::Value = serde_json::from_slice(&with).unwrap();
+        assert_eq!(v["apiVersion"], API_VERSION);
+        assert_eq!(v["kind"], KIND);
+        assert_eq!(v["response"]["uid"], "u");
+        assert_eq!(v["response"]["allowed"], true);
+        assert_eq!(v["response"]["patchType"], "JSONPatch");
+        assert_eq!(v["response"]["patch"], "W10=");
+        assert_eq!(v["response"]["warnings"][0], "w");
+
+        let without = allowed_response(API_VERSION, KIND, "u", None, &[]);
+        let v: serde_json::Value = serde_json::from_slice(&without).unwrap();
+        let response = v["response"].as_object().unwrap();
+        assert!(!response.contains_key("patch"));
+        assert!(!response.contains_key("patchType"));
+        assert!(!response.contains_key("warnings"));
+    }
+
+    #[test]
+    fn the_uid_scanner_finds_the_request_uid() {
+        let body = review(POD_CREATE);
+        assert_eq!(scan_uid(body.as_bytes()), Some("u-1"));
+        assert_eq!(scan_uid(br#"{"uid" : "abc"}"#), Some("abc"));
+        assert_eq!(scan_uid(br#"{"uid":"abc"#), None);
+        assert_eq!(scan_uid(b"nothing"), None);
+    }
+}

@@ -1,0 +1,186 @@
+//! In-memory stores the request path reads: compiled policies and namespace contexts.
+//!
+//! Readers never lock: each store is an [`ArcSwap`] of an immutable map, so a request sees one
+//! consistent snapshot while writers (the operator's reflectors, or the static loader) publish a
+//! new map. Writes copy the map, which is fine at the rate policies and namespaces change.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use crate::engine::{CompiledPolicy, NamespaceContext};
+
+/// A name → `Arc<T>` map with lock-free reads and copy-on-write updates.
+#[derive(Debug)]
+pub struct SnapshotMap<T> {
+    entries: ArcSwap<HashMap<String, Arc<T>>>,
+}
+
+impl<T> Default for SnapshotMap<T> {
+    fn default() -> Self {
+        SnapshotMap {
+            entries: ArcSwap::from_pointee(HashMap::new()),
+        }
+    }
+}
+
+impl<T> SnapshotMap<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The entry named `name` in the current snapshot.
+    pub fn get(&self, name: &str) -> Option<Arc<T>> {
+        self.entries.load().get(name).cloned()
+    }
+
+    /// Adds or replaces the entry `name`; returns the one it replaced.
+    pub fn insert(&self, name: impl Into<String>, value: Arc<T>) -> Option<Arc<T>> {
+        let name = name.into();
+        let mut previous = None;
+        self.entries.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            previous = next.insert(name.clone(), Arc::clone(&value));
+            next
+        });
+        previous
+    }
+
+    /// Removes the entry `name`; returns it if it was there.
+    pub fn remove(&self, name: &str) -> Option<Arc<T>> {
+        let mut previous = None;
+        self.entries.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            previous = next.remove(name);
+            next
+        });
+        previous
+    }
+
+    /// Replaces every entry at once (a reflector's re-list); readers see either the old set or
+    /// the new one, never a mix.
+    pub fn replace_all(&self, entries: impl IntoIterator<Item = (String, Arc<T>)>) {
+        self.entries.store(Arc::new(entries.into_iter().collect()));
+    }
+
+    /// Names in the current snapshot, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.entries.load().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.load().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.load().is_empty()
+    }
+}
+
+/// Compiled policies by policy name: what `/inject/<policy>` looks up.
+pub type PolicyStore = SnapshotMap<CompiledPolicy>;
+
+/// Namespace labels and annotations by namespace name, fed by a reflector on Namespaces. Empty in
+/// static mode, where [`namespace_context`] falls back to the name alone.
+pub type NamespaceStore = SnapshotMap<NamespaceContext>;
+
+/// The context a pod admitted into `namespace` is injected with: the stored one, or, when the
+/// namespace is unknown (static mode, or a namespace created a moment ago), just its name and the
+/// label the API server sets on every namespace, so name-based selectors still work.
+pub fn namespace_context(store: &NamespaceStore, namespace: &str) -> Arc<NamespaceContext> {
+    if let Some(known) = store.get(namespace) {
+        return known;
+    }
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert(
+        splice_crds::NAMESPACE_NAME_LABEL.to_owned(),
+        namespace.to_owned(),
+    );
+    Arc::new(NamespaceContext {
+        name: namespace.to_owned(),
+        labels,
+        annotations: Default::default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inserted_entry_is_visible_and_a_removed_one_is_gone() {
+        let store: SnapshotMap<u32> = SnapshotMap::new();
+        assert!(store.insert("a", Arc::new(1)).is_none());
+        assert_eq!(store.insert("a", Arc::new(2)).as_deref(), Some(&1));
+        assert_eq!(store.get("a").as_deref(), Some(&2));
+        assert_eq!(store.remove("a").as_deref(), Some(&2));
+        assert!(store.get("a").is_none());
+        assert!(store.remove("a").is_none());
+    }
+
+    #[test]
+    fn replace_all_drops_entries_not_in_the_new_set() {
+        let store: SnapshotMap<u32> = SnapshotMap::new();
+        store.insert("old", Arc::new(1));
+        store.replace_all([("new".to_owned(), Arc::new(2))]);
+        assert_eq!(store.names(), vec!["new".to_owned()]);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_reader_keeps_its_snapshot_while_a_writer_replaces_the_entry() {
+        let store: SnapshotMap<String> = SnapshotMap::new();
+        store.insert("p", Arc::new("v1".to_owned()));
+        let held = store.get("p");
+        store.insert("p", Arc::new("v2".to_owned()));
+        assert_eq!(held.as_deref().map(String::as_str), Some("v1"));
+        assert_eq!(store.get("p").as_deref().map(String::as_str), Some("v2"));
+    }
+
+    #[test]
+    fn concurrent_inserts_all_survive() {
+        let store: Arc<SnapshotMap<usize>> = Arc::new(SnapshotMap::new());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for i in 0..100 {
+                        store.insert(format!("{t}-{i}"), Arc::new(i));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(store.len(), 400);
+    }
+
+    #[test]
+    fn an_unknown_namespace_gets_its_name_label() {
+        let store = NamespaceStore::new();
+        let ctx = namespace_context(&store, "team-a");
+        assert_eq!(ctx.name, "team-a");
+        assert_eq!(
+            ctx.labels
+                .get("kubernetes.io/metadata.name")
+                .map(String::as_str),
+            Some("team-a")
+        );
+    }
+
+    #[test]
+    fn a_known_namespace_uses_the_stored_context() {
+        let store = NamespaceStore::new();
+        let mut ctx = NamespaceContext {
+            name: "team-a".to_owned(),
+            ..Default::default()
+        };
+        ctx.labels.insert("mesh".to_owned(), "enabled".to_owned());
+        store.insert("team-a", Arc::new(ctx.clone()));
+        assert_eq!(*namespace_context(&store, "team-a"), ctx);
+    }
+}
