@@ -5,11 +5,26 @@
 
 use std::collections::BTreeMap;
 
-use splice_crds::{InjectionPolicySpec, Operation};
+use minijinja::Value as JValue;
+use splice_crds::{
+    ALWAYS_EXCLUDED_NAMESPACES, InjectionPolicySpec, NAMESPACE_NAME_LABEL, OPT_OUT_LABEL,
+    Operation, STATUS_ANNOTATION,
+};
 
+mod patch;
+mod plan;
 mod provenance;
+mod selector;
+mod template;
+mod validate;
+mod view;
 
 pub use provenance::{Provenance, ProvenanceEntry};
+pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
+
+use selector::Selector;
+use template::{Templates, first_duplicate};
+use view::{PodView, Str};
 
 /// The namespace a pod is admitted into, as templates and namespace selectors see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -29,14 +44,18 @@ pub struct Exclusions {
 impl Exclusions {
     /// The mandatory exclusions plus Splice's own namespace.
     pub fn default_for(splice_namespace: &str) -> Self {
-        let _ = splice_namespace;
-        todo!()
+        let mut namespaces: Vec<String> =
+            ALWAYS_EXCLUDED_NAMESPACES.iter().map(|n| n.to_string()).collect();
+        if !splice_namespace.is_empty() && !namespaces.iter().any(|n| n == splice_namespace) {
+            namespaces.push(splice_namespace.to_owned());
+        }
+        Self { namespaces }
     }
 
     /// True when pods in `namespace` must never be injected.
     pub fn excludes(&self, namespace: &str) -> bool {
-        let _ = namespace;
-        todo!()
+        ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace)
+            || self.namespaces.iter().any(|n| n == namespace)
     }
 }
 
@@ -44,7 +63,17 @@ impl Exclusions {
 /// shared read-only by every request.
 #[derive(Debug)]
 pub struct CompiledPolicy {
-    _private: (),
+    name: String,
+    generation: i64,
+    spec: InjectionPolicySpec,
+    hash: String,
+    namespace_selector: Selector,
+    object_selector: Selector,
+    templates: Templates,
+    policy_ctx: JValue,
+    values_ctx: JValue,
+    /// The render context when no template reads `pod` or `namespace`.
+    static_ctx: JValue,
 }
 
 impl CompiledPolicy {
@@ -52,34 +81,103 @@ impl CompiledPolicy {
     /// (e.g. `spec.template.containers[0].image`) when a template does not parse or a selector is
     /// invalid.
     pub fn compile(
-        _name: &str,
-        _generation: i64,
-        _spec: &InjectionPolicySpec,
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
     ) -> Result<Self, PolicyError> {
-        todo!()
+        let policy = name.to_owned();
+        let selector = |sel, field: &str| {
+            Selector::compile(sel).map_err(|e| PolicyError::Selector {
+                policy: policy.clone(),
+                field: format!("{field}.{}", e.field),
+                message: e.message,
+            })
+        };
+        let namespace_selector = selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector")?;
+        let object_selector = selector(spec.object_selector.as_ref(), "spec.objectSelector")?;
+        let invalid = |field: String, message: String| PolicyError::InvalidField {
+            policy: policy.clone(),
+            field,
+            message,
+        };
+        for (list, key) in [("labels", &spec.template.labels), ("annotations", &spec.template.annotations)] {
+            for k in key.keys() {
+                let mut field = format!("spec.template.{list}");
+                template::push_key(&mut field, k);
+                validate::qualified_name(k)
+                    .map_err(|e| invalid(field.clone(), format!("invalid key: {e}")))?;
+                if k == STATUS_ANNOTATION {
+                    return Err(invalid(field, "is reserved for Splice's provenance record".into()));
+                }
+            }
+        }
+        let templates = Templates::compile(name, generation, spec).map_err(|e| {
+            PolicyError::Template {
+                policy: policy.clone(),
+                field: e.field,
+                message: e.message,
+            }
+        })?;
+        check_unique(&policy, &templates)?;
+        for l in &templates.labels {
+            if let Some(value) = l.static_value() {
+                validate::label_value(value).map_err(|e| {
+                    let mut field = "spec.template.labels".to_owned();
+                    template::push_key(&mut field, &l.key);
+                    invalid(field, format!("label value {value:?} {e}"))
+                })?;
+            }
+        }
+        let hash = template::template_hash(name, spec)
+            .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
+        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let static_ctx = minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        Ok(Self {
+            name: policy,
+            generation,
+            spec: spec.clone(),
+            hash,
+            namespace_selector,
+            object_selector,
+            templates,
+            policy_ctx,
+            values_ctx,
+            static_ctx,
+        })
     }
     pub fn name(&self) -> &str {
-        todo!()
+        &self.name
     }
     /// Stable hash of everything that decides the injected content (template + values + policy
     /// name); recorded in `splice.dev/status` and `status.templateHash`.
     pub fn template_hash(&self) -> &str {
-        todo!()
+        &self.hash
     }
     pub fn spec(&self) -> &InjectionPolicySpec {
-        todo!()
+        &self.spec
     }
     pub fn generation(&self) -> i64 {
-        todo!()
+        self.generation
+    }
+    /// True when some template reads `pod` (the engine then builds a full JSON tree of the pod
+    /// for each request).
+    pub fn reads_pod(&self) -> bool {
+        self.templates.deps.pod
     }
     /// Evaluates the namespace and object selectors (full LabelSelector semantics). `None` when
     /// both select; otherwise the reason this policy leaves the pod alone.
     pub fn check_selectors(
         &self,
-        _namespace: &NamespaceContext,
-        _pod_labels: &BTreeMap<String, String>,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
     ) -> Option<SkipReason> {
-        todo!()
+        if !self.selects_namespace(namespace) {
+            return Some(SkipReason::NamespaceNotSelected);
+        }
+        if !self.object_selector.matches(|k| pod_labels.get(k).map(String::as_str)) {
+            return Some(SkipReason::ObjectNotSelected);
+        }
+        None
     }
     /// True when both selectors select the pod.
     pub fn selects(
@@ -89,6 +187,43 @@ impl CompiledPolicy {
     ) -> bool {
         self.check_selectors(namespace, pod_labels).is_none()
     }
+
+    /// The API server sets `kubernetes.io/metadata.name` on every namespace; offline callers
+    /// often omit it, so it is implied from the name.
+    fn selects_namespace(&self, ns: &NamespaceContext) -> bool {
+        self.namespace_selector.matches(|k| match ns.labels.get(k) {
+            Some(v) => Some(v.as_str()),
+            None if k == NAMESPACE_NAME_LABEL && !ns.name.is_empty() => Some(ns.name.as_str()),
+            None => None,
+        })
+    }
+}
+
+/// Injected names that do not depend on the request must be unique at compile time (containers
+/// and init containers share one name space in a pod).
+fn check_unique(policy: &str, t: &Templates) -> Result<(), PolicyError> {
+    let lists: [(Vec<&template::TemplateItem>, &str); 4] = [
+        (t.init_containers.iter().chain(&t.containers).collect(), "name"),
+        (t.volumes.iter().collect(), "name"),
+        (t.env_vars.iter().collect(), "name"),
+        (t.volume_mounts.iter().collect(), "mountPath"),
+    ];
+    for (items, key) in lists {
+        if let Some(dup) = first_duplicate(items.iter().filter_map(|i| i.static_key())) {
+            let field = items
+                .iter()
+                .filter(|i| i.static_key() == Some(dup))
+                .nth(1)
+                .map(|i| format!("{}.{key}", i.field))
+                .unwrap_or_default();
+            return Err(PolicyError::DuplicateName {
+                policy: policy.to_owned(),
+                field,
+                name: dup.to_owned(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One admission of one pod (or one pod template, offline).
@@ -228,21 +363,232 @@ impl EngineError {
 }
 
 /// Decides and computes the injection of `policy` into `request.object`.
-pub fn inject(_policy: &CompiledPolicy, _request: &PodRequest<'_>) -> Result<Decision, EngineError> {
-    todo!()
+pub fn inject(policy: &CompiledPolicy, request: &PodRequest<'_>) -> Result<Decision, EngineError> {
+    Ok(run(policy, request, false)?.0)
 }
 
 /// Like [`inject`], and also returns the object with the patch applied (the input unchanged when
 /// the decision is a skip or the patch is empty). `splice inject` and `splice simulate` use it.
 pub fn inject_and_apply(
-    _policy: &CompiledPolicy,
-    _request: &PodRequest<'_>,
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
 ) -> Result<(Decision, serde_json::Value), EngineError> {
-    todo!()
+    let (decision, object) = run(policy, request, true)?;
+    match object {
+        Some(object) => Ok((decision, object)),
+        None => Ok((decision, parse_value(request.object)?)),
+    }
+}
+
+fn parse_value(object: &str) -> Result<serde_json::Value, EngineError> {
+    serde_json::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))
+}
+
+/// Why the engine leaves a pod alone, before any rendering.
+fn precheck(policy: &CompiledPolicy, request: &PodRequest<'_>, view: &PodView<'_>) -> Option<SkipReason> {
+    if view.kind.as_deref().is_some_and(|k| k != "Pod") {
+        return Some(SkipReason::NotAPod);
+    }
+    if !policy.spec.operations.contains(&request.operation) {
+        return Some(SkipReason::OperationNotConfigured);
+    }
+    let meta = view.metadata.as_ref();
+    let pod_ns = meta.and_then(|m| m.namespace.as_deref()).unwrap_or("");
+    if request.exclusions.excludes(&request.namespace.name)
+        || (!pod_ns.is_empty() && request.exclusions.excludes(pod_ns))
+    {
+        return Some(SkipReason::ExcludedNamespace);
+    }
+    let labels = meta.and_then(|m| m.labels.as_ref());
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(|v: &Str<'_>| &**v);
+    if label(OPT_OUT_LABEL) == Some("false") {
+        return Some(SkipReason::OptedOut);
+    }
+    if !policy.selects_namespace(request.namespace) {
+        return Some(SkipReason::NamespaceNotSelected);
+    }
+    if !policy.object_selector.matches(label) {
+        return Some(SkipReason::ObjectNotSelected);
+    }
+    None
+}
+
+fn run(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+    want_object: bool,
+) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
+    let view: PodView<'_> = serde_json::from_str(request.object)
+        .map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    if let Some(reason) = precheck(policy, request, &view) {
+        return Ok((Decision::Skip(reason), None));
+    }
+    let status = plan::Status::read(&view, &policy.name);
+
+    let deps = policy.templates.deps;
+    let ctx = if deps.pod || deps.namespace {
+        let pod = if deps.pod {
+            let mut value = parse_value(request.object)?;
+            // Templates see the pod as it was before this policy's injection, so a template that
+            // reads the pod renders the same on its own output.
+            if let Some(mine) = &status.mine {
+                strip_for_render(&mut value, &policy.name, mine);
+            }
+            JValue::from_serialize(&value)
+        } else {
+            JValue::UNDEFINED
+        };
+        let ns = request.namespace;
+        let namespace = if deps.namespace {
+            minijinja::context! {
+                name => ns.name.as_str(),
+                labels => JValue::from_serialize(&ns.labels),
+                annotations => JValue::from_serialize(&ns.annotations),
+            }
+        } else {
+            JValue::UNDEFINED
+        };
+        minijinja::context! {
+            pod => pod,
+            namespace => namespace,
+            policy => policy.policy_ctx.clone(),
+            values => policy.values_ctx.clone(),
+        }
+    } else {
+        policy.static_ctx.clone()
+    };
+    let rendered = policy.templates.render(&ctx).map_err(|e| EngineError::Render {
+        policy: policy.name.clone(),
+        field: e.field,
+        message: e.message,
+    })?;
+    if deps.pod || deps.namespace {
+        check_rendered_names(&policy.name, &rendered)?;
+    }
+    let plan = plan::plan(plan::PlanInput {
+        policy: &policy.name,
+        hash: &policy.hash,
+        operation: request.operation,
+        object: request.object,
+        view: &view,
+        status: &status,
+        rendered: &rendered,
+    })?;
+    let patch = patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let object = if want_object {
+        let mut doc = parse_value(request.object)?;
+        patch::apply(&mut doc, &plan.ops).map_err(|e| {
+            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {}", e.0))
+        })?;
+        Some(doc)
+    } else {
+        None
+    };
+    Ok((
+        Decision::Inject(Injection {
+            changed: !plan.ops.is_empty(),
+            patch,
+            warnings: plan.warnings,
+        }),
+        object,
+    ))
+}
+
+/// Names that only exist after rendering must still be unique.
+fn check_rendered_names(policy: &str, r: &template::Rendered<'_>) -> Result<(), EngineError> {
+    let lists: [(Vec<&template::RItem<'_>>, &str); 4] = [
+        (r.init_containers.iter().chain(&r.containers).collect(), "name"),
+        (r.volumes.iter().collect(), "name"),
+        (r.env.iter().collect(), "name"),
+        (r.volume_mounts.iter().collect(), "mountPath"),
+    ];
+    for (items, key) in lists {
+        if let Some(dup) = first_duplicate(items.iter().map(|i| i.key.as_ref())) {
+            let field = items
+                .iter()
+                .filter(|i| i.key == dup)
+                .nth(1)
+                .map(|i| format!("{}.{key}", i.field))
+                .unwrap_or_default();
+            return Err(EngineError::InvalidRender {
+                policy: policy.to_owned(),
+                field,
+                message: format!("duplicate rendered name {dup:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Removes from `pod` what `mine` says this policy injected (for rendering only).
+fn strip_for_render(pod: &mut serde_json::Value, policy: &str, mine: &ProvenanceEntry) {
+    use serde_json::Value;
+    fn retain_named(list: Option<&mut Value>, names: &[String], key: &str) {
+        if let Some(Value::Array(items)) = list {
+            items.retain(|i| !i.get(key).and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
+        }
+    }
+    if let Some(spec) = pod.get_mut("spec") {
+        retain_named(spec.get_mut("initContainers"), &mine.init_containers, "name");
+        retain_named(spec.get_mut("containers"), &mine.containers, "name");
+        retain_named(spec.get_mut("volumes"), &mine.volumes, "name");
+        if let Some(Value::Array(containers)) = spec.get_mut("containers") {
+            for c in containers {
+                let Some(name) = c.get("name").and_then(Value::as_str).map(str::to_owned) else {
+                    continue;
+                };
+                if let Some(env) = mine.env.get(&name) {
+                    retain_named(c.get_mut("env"), env, "name");
+                }
+                if let Some(mounts) = mine.volume_mounts.get(&name) {
+                    retain_named(c.get_mut("volumeMounts"), mounts, "mountPath");
+                }
+            }
+        }
+    }
+    if let Some(meta) = pod.get_mut("metadata") {
+        if let Some(Value::Object(labels)) = meta.get_mut("labels") {
+            for k in &mine.labels {
+                labels.shift_remove(k);
+            }
+        }
+        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+            for k in &mine.annotations {
+                annotations.shift_remove(k);
+            }
+            let status = annotations
+                .get(STATUS_ANNOTATION)
+                .and_then(Value::as_str)
+                .and_then(|s| serde_json::from_str::<serde_json::Map<String, Value>>(s).ok());
+            if let Some(mut entries) = status {
+                entries.shift_remove(policy);
+                if entries.is_empty() {
+                    annotations.shift_remove(STATUS_ANNOTATION);
+                } else if let Ok(text) = serde_json::to_string(&entries) {
+                    annotations.insert(STATUS_ANNOTATION.to_owned(), Value::String(text));
+                }
+            }
+        }
+    }
 }
 
 /// Reads the `splice.dev/status` annotation of a pod (raw JSON): what each Splice policy injected.
 /// An absent annotation gives an empty map.
-pub fn provenance(_object: &str) -> Result<Provenance, EngineError> {
-    todo!()
+pub fn provenance(object: &str) -> Result<Provenance, EngineError> {
+    let view: PodView<'_> =
+        serde_json::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let raw = view
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(STATUS_ANNOTATION));
+    let Some(raw) = raw else {
+        return Ok(Provenance::new());
+    };
+    let text: Str<'_> = serde_json::from_str(raw.get()).map_err(|e| {
+        EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
+    })
 }

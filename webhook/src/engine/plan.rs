@@ -1,0 +1,725 @@
+//! From (what the pod carries, what this policy would inject now) to JSON Patch operations.
+//!
+//! Each list (init containers, containers, volumes, and env / volumeMounts of each application
+//! container) is compared with what the policy would inject: when it already holds exactly that
+//! (same template hash, same items in the same order, every rendered field present with the same
+//! value) it is left alone; otherwise this policy's earlier items are removed and the current ones
+//! added. Items the policy did not record are the author's (or another webhook's): they are never
+//! touched, and an injected item of the same name is skipped with a warning.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+
+use serde_json::Value;
+use serde_json::value::RawValue;
+use splice_crds::{Operation, STATUS_ANNOTATION};
+
+use super::patch::{Op, OpValue, pointer, push_token};
+use super::provenance::ProvenanceEntry;
+use super::template::{RItem, Rendered};
+use super::view::{ContainerView, Entries, Named, PodView, RawContainerView, RawPodView, Str};
+use super::{EngineError, validate};
+
+/// The `splice.dev/status` annotation as found on the pod.
+#[derive(Debug, Default)]
+pub(crate) struct Status {
+    /// Every policy's entry, in the annotation's order; other policies' entries are written back
+    /// untouched.
+    pub entries: serde_json::Map<String, Value>,
+    /// This policy's entry, when present and readable.
+    pub mine: Option<ProvenanceEntry>,
+    /// The annotation was present but not a JSON object of entries.
+    pub unreadable: bool,
+}
+
+impl Status {
+    pub fn read(view: &PodView<'_>, policy: &str) -> Status {
+        let raw = view
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(STATUS_ANNOTATION));
+        let Some(raw) = raw else {
+            return Status::default();
+        };
+        let parsed = serde_json::from_str::<Str<'_>>(raw.get())
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Map<String, Value>>(&s).ok());
+        let Some(entries) = parsed else {
+            return Status {
+                unreadable: true,
+                ..Status::default()
+            };
+        };
+        let mine = entries
+            .get(policy)
+            .and_then(|v| serde_json::from_value::<ProvenanceEntry>(v.clone()).ok());
+        Status {
+            entries,
+            mine,
+            unreadable: false,
+        }
+    }
+
+    /// Containers and init containers that other Splice policies recorded: they are injected, not
+    /// application containers.
+    fn others_containers(&self, policy: &str) -> HashSet<&str> {
+        let mut out = HashSet::new();
+        for (name, entry) in &self.entries {
+            if name == policy {
+                continue;
+            }
+            for list in ["containers", "initContainers"] {
+                if let Some(items) = entry.get(list).and_then(Value::as_array) {
+                    out.extend(items.iter().filter_map(Value::as_str));
+                }
+            }
+        }
+        out
+    }
+}
+
+pub(crate) struct PlanInput<'a, 'x> {
+    pub policy: &'a str,
+    pub hash: &'a str,
+    pub operation: Operation,
+    pub object: &'a str,
+    pub view: &'a PodView<'a>,
+    pub status: &'a Status,
+    pub rendered: &'x Rendered<'x>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Plan<'x> {
+    pub ops: Vec<Op<'x>>,
+    pub warnings: Vec<String>,
+}
+
+/// A small set of names: linear for a handful (cheaper than hashing), hashed beyond.
+enum NameSet<'s> {
+    Small(Vec<&'s str>),
+    Hashed(HashSet<&'s str>),
+}
+
+impl<'s> NameSet<'s> {
+    fn new(names: impl IntoIterator<Item = &'s str>) -> Self {
+        let v: Vec<&str> = names.into_iter().collect();
+        if v.len() <= 8 {
+            NameSet::Small(v)
+        } else {
+            NameSet::Hashed(v.into_iter().collect())
+        }
+    }
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            NameSet::Small(v) => v.contains(&name),
+            NameSet::Hashed(h) => h.contains(name),
+        }
+    }
+    fn is_empty(&self) -> bool {
+        match self {
+            NameSet::Small(v) => v.is_empty(),
+            NameSet::Hashed(h) => h.is_empty(),
+        }
+    }
+}
+
+/// True when every field of `desired` is in `actual` with the same value. Fields the API server
+/// defaults after a patch (and fields another webhook adds) do not count as a change.
+fn subset(desired: &Value, actual: &Value) -> bool {
+    match (desired, actual) {
+        (Value::Object(d), Value::Object(a)) => d
+            .iter()
+            .all(|(k, dv)| a.get(k).is_some_and(|av| subset(dv, av))),
+        (Value::Array(d), Value::Array(a)) => {
+            d.len() == a.len() && d.iter().zip(a).all(|(dv, av)| subset(dv, av))
+        }
+        _ => desired == actual,
+    }
+}
+
+fn invalid(e: impl std::fmt::Display) -> EngineError {
+    EngineError::InvalidObject(e.to_string())
+}
+
+/// The outcome for one list.
+struct ListPlan<'x> {
+    /// Pod indices of this policy's earlier items, to remove (only when `changed`).
+    remove: Vec<usize>,
+    add: Vec<&'x RItem<'x>>,
+    changed: bool,
+}
+
+impl<'x> ListPlan<'x> {
+    /// `ours`: (pod index, key) of the items the policy recorded; `desired`: what it would inject
+    /// now; `raw`: the pod's raw item at an index, for comparing content.
+    fn new<'r>(
+        ours: Vec<(usize, &str)>,
+        desired: Vec<&'x RItem<'x>>,
+        hash_same: bool,
+        raw: impl Fn(usize) -> Result<Option<&'r RawValue>, EngineError>,
+    ) -> Result<Self, EngineError> {
+        let mut same = hash_same
+            && ours.len() == desired.len()
+            && ours.iter().zip(&desired).all(|((_, k), d)| *k == d.key);
+        if same {
+            for ((i, _), d) in ours.iter().zip(&desired) {
+                let Some(raw) = raw(*i)? else {
+                    same = false;
+                    break;
+                };
+                let actual: Value = serde_json::from_str(raw.get()).map_err(invalid)?;
+                if !subset(&d.value, &actual) {
+                    same = false;
+                    break;
+                }
+            }
+        }
+        Ok(ListPlan {
+            remove: if same { Vec::new() } else { ours.into_iter().map(|(i, _)| i).collect() },
+            add: desired,
+            changed: !same,
+        })
+    }
+
+    fn keys(&self) -> Vec<String> {
+        self.add.iter().map(|i| i.key.to_string()).collect()
+    }
+}
+
+/// Renders a list of names for a warning, cut after a few.
+fn names<S: AsRef<str>>(items: &[S]) -> String {
+    const SHOWN: usize = 6;
+    let mut s = items
+        .iter()
+        .take(SHOWN)
+        .map(|i| i.as_ref())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > SHOWN {
+        s.push_str(&format!(" and {} more", items.len() - SHOWN));
+    }
+    s
+}
+
+pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError> {
+    let PlanInput {
+        policy,
+        hash,
+        operation,
+        object,
+        view,
+        status,
+        rendered,
+    } = input;
+    let mut warnings = Vec::new();
+    if status.unreadable {
+        warnings.push(format!(
+            "splice policy {policy}: replaced an unreadable {STATUS_ANNOTATION} annotation"
+        ));
+    }
+    let mine = status.mine.as_ref();
+    let hash_same = mine.is_some_and(|m| m.hash == hash);
+    let empty = ProvenanceEntry::default();
+    let rec = mine.unwrap_or(&empty);
+
+    let mut new_entry = ProvenanceEntry {
+        hash: hash.to_owned(),
+        ..ProvenanceEntry::default()
+    };
+    let mut spec_ops: Vec<Op<'x>> = Vec::new();
+    let mut injected: Vec<String> = Vec::new();
+    let mut any_list_changed = false;
+
+    if operation == Operation::Create {
+        let spec = view.spec.as_ref();
+        let pod_init: &[Named<'_>] = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or(&[]);
+        let pod_containers: &[ContainerView<'_>] =
+            spec.and_then(|s| s.containers.as_deref()).unwrap_or(&[]);
+        let pod_volumes: &[Named<'_>] = spec.and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
+
+        // The second, raw pass is only needed to confirm an earlier injection is intact.
+        let raw_pod: Option<RawPodView<'_>> = if hash_same {
+            Some(serde_json::from_str(object).map_err(invalid)?)
+        } else {
+            None
+        };
+        let raw_spec = raw_pod.as_ref().and_then(|r| r.spec.as_ref());
+        
+
+        // Containers and init containers share one name space in a pod.
+        let rec_init = NameSet::new(rec.init_containers.iter().map(String::as_str));
+        let rec_cont = NameSet::new(rec.containers.iter().map(String::as_str));
+        let occupied: HashSet<&str> = pod_init
+            .iter()
+            .map(Named::name)
+            .filter(|n| !rec_init.contains(n))
+            .chain(
+                pod_containers
+                    .iter()
+                    .map(ContainerView::name)
+                    .filter(|n| !rec_cont.contains(n)),
+            )
+            .collect();
+        let keep = |items: &'x [RItem<'x>], what: &str, warnings: &mut Vec<String>| {
+            items
+                .iter()
+                .filter(|i| {
+                    let taken = occupied.contains(i.key.as_ref());
+                    if taken {
+                        warnings.push(format!(
+                            "splice policy {policy}: kept the pod's own container {:?}; the injected {what} of that name was skipped",
+                            i.key
+                        ));
+                    }
+                    !taken
+                })
+                .collect::<Vec<_>>()
+        };
+
+        // Init containers (native sidecars first, in template order, before the pod's own).
+        let ours: Vec<(usize, &str)> = pod_init
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| rec_init.contains(c.name()))
+            .map(|(i, c)| (i, c.name()))
+            .collect();
+        let desired = keep(&rendered.init_containers, "init container", &mut warnings);
+        let init = ListPlan::new(ours, desired, hash_same, |i| {
+            Ok(raw_at(raw_spec.and_then(|s| s.init_containers.as_ref()), i))
+        })?;
+        new_entry.init_containers = init.keys();
+        if init.changed {
+            for &i in init.remove.iter().rev() {
+                spec_ops.push(Op::Remove(format!("/spec/initContainers/{i}")));
+            }
+            let absent = spec.and_then(|s| s.init_containers.as_ref()).is_none();
+            if absent && !init.add.is_empty() {
+                spec_ops.push(Op::Add("/spec/initContainers".into(), OpValue::Items(init.add.clone())));
+            } else if !absent {
+                for (k, item) in init.add.iter().enumerate() {
+                    spec_ops.push(Op::Add(format!("/spec/initContainers/{k}"), OpValue::Item(item)));
+                }
+            }
+            if !init.add.is_empty() {
+                injected.push(format!("init containers {}", names(&new_entry.init_containers)));
+            }
+        }
+
+        // Env and volume mounts, per application container (not injected ones, by any policy).
+        let others = status.others_containers(policy);
+        let mut env_kept: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut mount_kept: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut env_into: Vec<&str> = Vec::new();
+        let mut mounts_into: Vec<&str> = Vec::new();
+        if !rendered.env.is_empty() || !rendered.volume_mounts.is_empty() || !rec.env.is_empty() || !rec.volume_mounts.is_empty() {
+            let raw_containers = raw_spec.and_then(|s| s.containers.as_ref());
+            for (ci, c) in pod_containers.iter().enumerate() {
+                let cname = c.name();
+                if rec_cont.contains(cname) || others.contains(cname) {
+                    continue;
+                }
+                let mut raw_c: Option<RawContainerView<'_>> = None;
+
+                // Env.
+                let rec_env = NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
+                let desired_keys = NameSet::new(rendered.env.iter().map(|e| e.key.as_ref()));
+                let pod_env: &[Named<'_>] = c.env.as_deref().unwrap_or(&[]);
+                let mut ours = Vec::new();
+                let mut taken: Vec<&str> = Vec::new();
+                if !rec_env.is_empty() || !desired_keys.is_empty() {
+                    for (j, e) in pod_env.iter().enumerate() {
+                        let n = e.name();
+                        if rec_env.contains(n) {
+                            ours.push((j, n));
+                        } else if desired_keys.contains(n) {
+                            taken.push(n);
+                        }
+                    }
+                }
+                let desired: Vec<&RItem<'x>> = rendered
+                    .env
+                    .iter()
+                    .filter(|e| {
+                        let t = taken.contains(&e.key.as_ref());
+                        if t {
+                            env_kept.entry(cname).or_default().push(e.key.as_ref());
+                        }
+                        !t
+                    })
+                    .collect();
+                let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
+                let raw_env: Option<Vec<&RawValue>> = if needs_raw {
+                    raw_container(&mut raw_c, raw_containers, ci)?.env.clone()
+                } else {
+                    None
+                };
+                let env_plan = ListPlan::new(ours, desired, hash_same, |j| {
+                    Ok(raw_env.as_ref().and_then(|l| l.get(j).copied()))
+                })?;
+                let env_names = env_plan.keys();
+                if env_plan.changed {
+                    emit_list(&mut spec_ops, &format!("/spec/containers/{ci}/env"), c.env.is_none(), &env_plan);
+                    if !env_plan.add.is_empty() {
+                        env_into.push(cname);
+                    }
+                }
+                if !env_names.is_empty() {
+                    new_entry.env.insert(cname.to_owned(), env_names);
+                }
+
+                // Volume mounts, identified by mount path.
+                let rec_m = NameSet::new(
+                    rec.volume_mounts.get(cname).into_iter().flatten().map(String::as_str),
+                );
+                let desired_keys = NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
+                let pod_mounts = c.volume_mounts.as_deref().unwrap_or(&[]);
+                let mut ours = Vec::new();
+                let mut taken: Vec<&str> = Vec::new();
+                if !rec_m.is_empty() || !desired_keys.is_empty() {
+                    for (j, m) in pod_mounts.iter().enumerate() {
+                        let p = m.path();
+                        if rec_m.contains(p) {
+                            ours.push((j, p));
+                        } else if desired_keys.contains(p) {
+                            taken.push(p);
+                        }
+                    }
+                }
+                let desired: Vec<&RItem<'x>> = rendered
+                    .volume_mounts
+                    .iter()
+                    .filter(|m| {
+                        let t = taken.contains(&m.key.as_ref());
+                        if t {
+                            mount_kept.entry(cname).or_default().push(m.key.as_ref());
+                        }
+                        !t
+                    })
+                    .collect();
+                let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
+                let raw_mounts: Option<Vec<&RawValue>> = if needs_raw {
+                    raw_container(&mut raw_c, raw_containers, ci)?.volume_mounts.clone()
+                } else {
+                    None
+                };
+                let mount_plan = ListPlan::new(ours, desired, hash_same, |j| {
+                    Ok(raw_mounts.as_ref().and_then(|l| l.get(j).copied()))
+                })?;
+                let mount_paths = mount_plan.keys();
+                if mount_plan.changed {
+                    emit_list(
+                        &mut spec_ops,
+                        &format!("/spec/containers/{ci}/volumeMounts"),
+                        c.volume_mounts.is_none(),
+                        &mount_plan,
+                    );
+                    if !mount_plan.add.is_empty() {
+                        mounts_into.push(cname);
+                    }
+                }
+                if !mount_paths.is_empty() {
+                    new_entry.volume_mounts.insert(cname.to_owned(), mount_paths);
+                }
+            }
+        }
+        for (c, vars) in &env_kept {
+            warnings.push(format!(
+                "splice policy {policy}: kept the pod's own env {} in container {c:?}; the injected value was skipped",
+                names(vars)
+            ));
+        }
+        for (c, paths) in &mount_kept {
+            warnings.push(format!(
+                "splice policy {policy}: kept the pod's own volume mount at {} in container {c:?}; the injected mount was skipped",
+                names(paths)
+            ));
+        }
+        if !env_into.is_empty() {
+            let vars: Vec<&str> = rendered.env.iter().map(|e| e.key.as_ref()).collect();
+            injected.push(format!("env {} into {}", names(&vars), names(&env_into)));
+        }
+        if !mounts_into.is_empty() {
+            let paths: Vec<&str> = rendered.volume_mounts.iter().map(|m| m.key.as_ref()).collect();
+            injected.push(format!("volume mounts {} into {}", names(&paths), names(&mounts_into)));
+        }
+
+        // Containers, appended after the pod's own.
+        let ours: Vec<(usize, &str)> = pod_containers
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| rec_cont.contains(c.name()))
+            .map(|(i, c)| (i, c.name()))
+            .collect();
+        let desired = keep(&rendered.containers, "container", &mut warnings);
+        let cont = ListPlan::new(ours, desired, hash_same, |i| {
+            Ok(raw_at(raw_spec.and_then(|s| s.containers.as_ref()), i))
+        })?;
+        new_entry.containers = cont.keys();
+        if cont.changed {
+            emit_list(
+                &mut spec_ops,
+                "/spec/containers",
+                spec.and_then(|s| s.containers.as_ref()).is_none(),
+                &cont,
+            );
+            if !cont.add.is_empty() {
+                injected.push(format!("containers {}", names(&new_entry.containers)));
+            }
+        }
+
+        // Volumes.
+        let rec_vol = NameSet::new(rec.volumes.iter().map(String::as_str));
+        let mut ours = Vec::new();
+        let mut occupied_vol: HashSet<&str> = HashSet::new();
+        for (i, v) in pod_volumes.iter().enumerate() {
+            if rec_vol.contains(v.name()) {
+                ours.push((i, v.name()));
+            } else {
+                occupied_vol.insert(v.name());
+            }
+        }
+        let desired: Vec<&RItem<'x>> = rendered
+            .volumes
+            .iter()
+            .filter(|v| {
+                let t = occupied_vol.contains(v.key.as_ref());
+                if t {
+                    warnings.push(format!(
+                        "splice policy {policy}: kept the pod's own volume {:?}; the injected volume of that name was skipped",
+                        v.key
+                    ));
+                }
+                !t
+            })
+            .collect();
+        let vols = ListPlan::new(ours, desired, hash_same, |i| {
+            Ok(raw_at(raw_spec.and_then(|s| s.volumes.as_ref()), i))
+        })?;
+        new_entry.volumes = vols.keys();
+        if vols.changed {
+            emit_list(
+                &mut spec_ops,
+                "/spec/volumes",
+                spec.and_then(|s| s.volumes.as_ref()).is_none(),
+                &vols,
+            );
+            if !vols.add.is_empty() {
+                injected.push(format!("volumes {}", names(&new_entry.volumes)));
+            }
+        }
+        any_list_changed = !spec_ops.is_empty();
+        if !spec_ops.is_empty() && spec.is_none() {
+            spec_ops.insert(0, Op::Add("/spec".into(), OpValue::EmptyObject));
+        }
+    } else {
+        // UPDATE: a pod's containers and volumes are immutable; keep the record of them.
+        if let Some(m) = mine {
+            new_entry.hash = m.hash.clone();
+            new_entry.init_containers = m.init_containers.clone();
+            new_entry.containers = m.containers.clone();
+            new_entry.volumes = m.volumes.clone();
+            new_entry.env = m.env.clone();
+            new_entry.volume_mounts = m.volume_mounts.clone();
+        }
+    }
+
+    // Labels and annotations, compared key by key.
+    let meta = view.metadata.as_ref();
+    let mut meta_ops: Vec<Op<'x>> = Vec::new();
+    let pod_labels = meta.and_then(|m| m.labels.as_ref());
+    let (labels_added, owned) = plan_map(
+        policy,
+        "label",
+        "/metadata/labels",
+        pod_labels,
+        |v: &Str<'_>| Ok(Cow::Owned(v.to_string())),
+        &rec.labels,
+        &rendered.labels,
+        &mut meta_ops,
+        &mut warnings,
+    )?;
+    new_entry.labels = owned;
+    let pod_annotations = meta.and_then(|m| m.annotations.as_ref());
+    let (annotations_added, owned) = plan_map(
+        policy,
+        "annotation",
+        "/metadata/annotations",
+        pod_annotations,
+        |v: &&RawValue| {
+            serde_json::from_str::<Str<'_>>(v.get())
+                .map(|s| Cow::Owned(s.to_string()))
+                .map_err(|e| invalid(format!("metadata.annotations: {e}")))
+        },
+        &rec.annotations,
+        &rendered.annotations,
+        &mut meta_ops,
+        &mut warnings,
+    )?;
+    new_entry.annotations = owned;
+    if !labels_added.is_empty() {
+        injected.push(format!("labels {}", names(&labels_added)));
+    }
+    if !annotations_added.is_empty() {
+        injected.push(format!("annotations {}", names(&annotations_added)));
+    }
+
+    // Provenance: rewrite the status annotation when this policy's entry changed.
+    let new_value = serde_json::to_value(&new_entry).map_err(invalid)?;
+    if status.entries.get(policy) != Some(&new_value) {
+        let mut entries = status.entries.clone();
+        entries.insert(policy.to_owned(), new_value);
+        let text = serde_json::to_string(&entries).map_err(invalid)?;
+        let annotations_absent = pod_annotations.is_none();
+        // When the map itself was just created by an "add", fold the status into it.
+        let folded = meta_ops.iter_mut().find_map(|op| match op {
+            Op::Add(p, OpValue::StrMap(entries)) if p == "/metadata/annotations" => Some(entries),
+            _ => None,
+        });
+        if let Some(entries) = folded {
+            entries.push((Cow::Borrowed(STATUS_ANNOTATION), Cow::Owned(text)));
+        } else if annotations_absent {
+            meta_ops.push(Op::Add(
+                "/metadata/annotations".into(),
+                OpValue::StrMap(vec![(Cow::Borrowed(STATUS_ANNOTATION), Cow::Owned(text))]),
+            ));
+        } else {
+            let path = pointer(&["metadata", "annotations", STATUS_ANNOTATION]);
+            let present = pod_annotations.is_some_and(|a| a.get(STATUS_ANNOTATION).is_some());
+            meta_ops.push(if present {
+                Op::Replace(path, OpValue::Str(Cow::Owned(text)))
+            } else {
+                Op::Add(path, OpValue::Str(Cow::Owned(text)))
+            });
+        }
+    }
+    if !meta_ops.is_empty() && meta.is_none() {
+        meta_ops.insert(0, Op::Add("/metadata".into(), OpValue::EmptyObject));
+    }
+
+    let mut ops = meta_ops;
+    ops.extend(spec_ops);
+    if !injected.is_empty() {
+        let verb = match mine {
+            Some(m) if any_list_changed && m.hash != hash => "re-injected (policy changed)",
+            Some(_) if any_list_changed => "re-injected (the pod no longer matched its recorded injection)",
+            _ => "injected",
+        };
+        warnings.insert(0, format!("splice policy {policy} {verb}: {}", injected.join("; ")));
+    }
+    Ok(Plan { ops, warnings })
+}
+
+fn raw_at<'o>(list: Option<&Vec<&'o RawValue>>, i: usize) -> Option<&'o RawValue> {
+    list.and_then(|l| l.get(i).copied())
+}
+
+/// The raw view of container `ci`, parsed on first use.
+fn raw_container<'r, 'o>(
+    slot: &'r mut Option<RawContainerView<'o>>,
+    containers: Option<&Vec<&'o RawValue>>,
+    ci: usize,
+) -> Result<&'r RawContainerView<'o>, EngineError> {
+    if slot.is_none() {
+        let raw = containers
+            .and_then(|l| l.get(ci).copied())
+            .ok_or_else(|| invalid("spec.containers changed between two reads"))?;
+        *slot = Some(serde_json::from_str(raw.get()).map_err(invalid)?);
+    }
+    slot.as_ref()
+        .ok_or_else(|| invalid("spec.containers changed between two reads"))
+}
+
+/// Emits the operations for one appended list: remove this policy's earlier items (highest index
+/// first, so the others keep their index), then append the current ones, creating the list when
+/// it was absent.
+fn emit_list<'x>(ops: &mut Vec<Op<'x>>, path: &str, absent: bool, plan: &ListPlan<'x>) {
+    for &i in plan.remove.iter().rev() {
+        ops.push(Op::Remove(format!("{path}/{i}")));
+    }
+    if absent {
+        if !plan.add.is_empty() {
+            ops.push(Op::Add(path.to_owned(), OpValue::Items(plan.add.clone())));
+        }
+    } else {
+        for item in &plan.add {
+            ops.push(Op::Add(format!("{path}/-"), OpValue::Item(item)));
+        }
+    }
+}
+
+/// Plans one string map (labels or annotations): returns the keys added and the keys this policy
+/// owns afterwards (in template order).
+#[allow(clippy::too_many_arguments)]
+fn plan_map<'x, V>(
+    policy: &str,
+    what: &str,
+    base: &str,
+    pod: Option<&Entries<'_, V>>,
+    decode: impl Fn(&V) -> Result<Cow<'static, str>, EngineError>,
+    recorded: &[String],
+    desired: &'x [(&'x str, Cow<'x, str>)],
+    ops: &mut Vec<Op<'x>>,
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<&'x str>, Vec<String>), EngineError> {
+    let mut added = Vec::new();
+    let mut owned = Vec::new();
+    let mut new_map: Vec<(Cow<'x, str>, Cow<'x, str>)> = Vec::new();
+    for (key, value) in desired {
+        if what == "label" {
+            validate::label_value(value).map_err(|e| EngineError::InvalidRender {
+                policy: policy.to_owned(),
+                field: {
+                    let mut f = "spec.template.labels".to_owned();
+                    super::template::push_key(&mut f, key);
+                    f
+                },
+                message: format!("rendered label value {value:?} {e}"),
+            })?;
+        }
+        let ours = recorded.iter().any(|r| r == key);
+        match pod.and_then(|p| p.get(key)) {
+            None => {
+                added.push(*key);
+                owned.push((*key).to_owned());
+                if pod.is_none() {
+                    new_map.push((Cow::Borrowed(*key), Cow::Borrowed(value.as_ref())));
+                } else {
+                    let mut path = base.to_owned();
+                    push_token(&mut path, key);
+                    ops.push(Op::Add(path, OpValue::Str(Cow::Borrowed(value.as_ref()))));
+                }
+            }
+            Some(current) => {
+                let current = decode(current)?;
+                if ours {
+                    owned.push((*key).to_owned());
+                    if current != *value {
+                        added.push(*key);
+                        let mut path = base.to_owned();
+                        push_token(&mut path, key);
+                        ops.push(Op::Replace(path, OpValue::Str(Cow::Borrowed(value.as_ref()))));
+                    }
+                } else if current != *value {
+                    warnings.push(format!(
+                        "splice policy {policy}: kept the pod's own {what} {key:?}; the injected value was skipped"
+                    ));
+                }
+            }
+        }
+    }
+    for key in recorded {
+        if desired.iter().any(|(k, _)| k == key) || key == STATUS_ANNOTATION {
+            continue;
+        }
+        if pod.is_some_and(|p| p.get(key).is_some()) {
+            let mut path = base.to_owned();
+            push_token(&mut path, key);
+            ops.push(Op::Remove(path));
+        }
+    }
+    if !new_map.is_empty() {
+        ops.push(Op::Add(base.to_owned(), OpValue::StrMap(new_map)));
+    }
+    Ok((added, owned))
+}
