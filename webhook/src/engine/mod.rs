@@ -44,8 +44,10 @@ pub struct Exclusions {
 impl Exclusions {
     /// The mandatory exclusions plus Splice's own namespace.
     pub fn default_for(splice_namespace: &str) -> Self {
-        let mut namespaces: Vec<String> =
-            ALWAYS_EXCLUDED_NAMESPACES.iter().map(|n| n.to_string()).collect();
+        let mut namespaces: Vec<String> = ALWAYS_EXCLUDED_NAMESPACES
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
         if !splice_namespace.is_empty() && !namespaces.iter().any(|n| n == splice_namespace) {
             namespaces.push(splice_namespace.to_owned());
         }
@@ -93,31 +95,37 @@ impl CompiledPolicy {
                 message: e.message,
             })
         };
-        let namespace_selector = selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector")?;
+        let namespace_selector =
+            selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector")?;
         let object_selector = selector(spec.object_selector.as_ref(), "spec.objectSelector")?;
         let invalid = |field: String, message: String| PolicyError::InvalidField {
             policy: policy.clone(),
             field,
             message,
         };
-        for (list, key) in [("labels", &spec.template.labels), ("annotations", &spec.template.annotations)] {
+        for (list, key) in [
+            ("labels", &spec.template.labels),
+            ("annotations", &spec.template.annotations),
+        ] {
             for k in key.keys() {
                 let mut field = format!("spec.template.{list}");
                 template::push_key(&mut field, k);
                 validate::qualified_name(k)
                     .map_err(|e| invalid(field.clone(), format!("invalid key: {e}")))?;
                 if k == STATUS_ANNOTATION {
-                    return Err(invalid(field, "is reserved for Splice's provenance record".into()));
+                    return Err(invalid(
+                        field,
+                        "is reserved for Splice's provenance record".into(),
+                    ));
                 }
             }
         }
-        let templates = Templates::compile(name, generation, spec).map_err(|e| {
-            PolicyError::Template {
+        let templates =
+            Templates::compile(name, generation, spec).map_err(|e| PolicyError::Template {
                 policy: policy.clone(),
                 field: e.field,
                 message: e.message,
-            }
-        })?;
+            })?;
         check_unique(&policy, &templates)?;
         for l in &templates.labels {
             if let Some(value) = l.static_value() {
@@ -131,7 +139,8 @@ impl CompiledPolicy {
         let hash = template::template_hash(name, spec)
             .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
         let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
-        let static_ctx = minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        let static_ctx =
+            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
         Ok(Self {
             name: policy,
             generation,
@@ -174,7 +183,10 @@ impl CompiledPolicy {
         if !self.selects_namespace(namespace) {
             return Some(SkipReason::NamespaceNotSelected);
         }
-        if !self.object_selector.matches(|k| pod_labels.get(k).map(String::as_str)) {
+        if !self
+            .object_selector
+            .matches(|k| pod_labels.get(k).map(String::as_str))
+        {
             return Some(SkipReason::ObjectNotSelected);
         }
         None
@@ -203,7 +215,10 @@ impl CompiledPolicy {
 /// and init containers share one name space in a pod).
 fn check_unique(policy: &str, t: &Templates) -> Result<(), PolicyError> {
     let lists: [(Vec<&template::TemplateItem>, &str); 4] = [
-        (t.init_containers.iter().chain(&t.containers).collect(), "name"),
+        (
+            t.init_containers.iter().chain(&t.containers).collect(),
+            "name",
+        ),
         (t.volumes.iter().collect(), "name"),
         (t.env_vars.iter().collect(), "name"),
         (t.volume_mounts.iter().collect(), "mountPath"),
@@ -385,7 +400,11 @@ fn parse_value(object: &str) -> Result<serde_json::Value, EngineError> {
 }
 
 /// Why the engine leaves a pod alone, before any rendering.
-fn precheck(policy: &CompiledPolicy, request: &PodRequest<'_>, view: &PodView<'_>) -> Option<SkipReason> {
+fn precheck(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+    view: &PodView<'_>,
+) -> Option<SkipReason> {
     if view.kind.as_deref().is_some_and(|k| k != "Pod") {
         return Some(SkipReason::NotAPod);
     }
@@ -457,11 +476,14 @@ fn run(
     } else {
         policy.static_ctx.clone()
     };
-    let rendered = policy.templates.render(&ctx).map_err(|e| EngineError::Render {
-        policy: policy.name.clone(),
-        field: e.field,
-        message: e.message,
-    })?;
+    let rendered = policy
+        .templates
+        .render(&ctx)
+        .map_err(|e| EngineError::Render {
+            policy: policy.name.clone(),
+            field: e.field,
+            message: e.message,
+        })?;
     if deps.pod || deps.namespace {
         check_rendered_names(&policy.name, &rendered)?;
     }
@@ -474,11 +496,15 @@ fn run(
         status: &status,
         rendered: &rendered,
     })?;
-    let patch = patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let patch =
+        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     let object = if want_object {
         let mut doc = parse_value(request.object)?;
         patch::apply(&mut doc, &plan.ops).map_err(|e| {
-            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {}", e.0))
+            EngineError::InvalidObject(format!(
+                "the engine produced an inapplicable patch: {}",
+                e.0
+            ))
         })?;
         Some(doc)
     } else {
@@ -497,7 +523,10 @@ fn run(
 /// Names that only exist after rendering must still be unique.
 fn check_rendered_names(policy: &str, r: &template::Rendered<'_>) -> Result<(), EngineError> {
     let lists: [(Vec<&template::RItem<'_>>, &str); 4] = [
-        (r.init_containers.iter().chain(&r.containers).collect(), "name"),
+        (
+            r.init_containers.iter().chain(&r.containers).collect(),
+            "name",
+        ),
         (r.volumes.iter().collect(), "name"),
         (r.env.iter().collect(), "name"),
         (r.volume_mounts.iter().collect(), "mountPath"),
@@ -525,11 +554,19 @@ fn strip_for_render(pod: &mut serde_json::Value, policy: &str, mine: &Provenance
     use serde_json::Value;
     fn retain_named(list: Option<&mut Value>, names: &[String], key: &str) {
         if let Some(Value::Array(items)) = list {
-            items.retain(|i| !i.get(key).and_then(Value::as_str).is_some_and(|n| names.iter().any(|x| x == n)));
+            items.retain(|i| {
+                !i.get(key)
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.iter().any(|x| x == n))
+            });
         }
     }
     if let Some(spec) = pod.get_mut("spec") {
-        retain_named(spec.get_mut("initContainers"), &mine.init_containers, "name");
+        retain_named(
+            spec.get_mut("initContainers"),
+            &mine.init_containers,
+            "name",
+        );
         retain_named(spec.get_mut("containers"), &mine.containers, "name");
         retain_named(spec.get_mut("volumes"), &mine.volumes, "name");
         if let Some(Value::Array(containers)) = spec.get_mut("containers") {

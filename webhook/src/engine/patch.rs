@@ -166,7 +166,10 @@ pub(crate) fn apply(doc: &mut Value, ops: &[Op<'_>]) -> Result<(), ApplyError> {
             .ok_or_else(|| ApplyError(format!("no parent for {path}")))?;
         match (op, parent) {
             (Op::Add(..), Value::Object(map)) | (Op::Replace(..), Value::Object(map)) => {
-                map.insert(last.into_owned(), value.map(OpValue::to_value).unwrap_or_default());
+                map.insert(
+                    last.into_owned(),
+                    value.map(OpValue::to_value).unwrap_or_default(),
+                );
             }
             (Op::Remove(_), Value::Object(map)) => {
                 map.shift_remove(last.as_ref())

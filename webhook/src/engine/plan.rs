@@ -176,7 +176,11 @@ impl<'x> ListPlan<'x> {
             }
         }
         Ok(ListPlan {
-            remove: if same { Vec::new() } else { ours.into_iter().map(|(i, _)| i).collect() },
+            remove: if same {
+                Vec::new()
+            } else {
+                ours.into_iter().map(|(i, _)| i).collect()
+            },
             add: desired,
             changed: !same,
         })
@@ -233,7 +237,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
 
     if operation == Operation::Create {
         let spec = view.spec.as_ref();
-        let pod_init: &[Named<'_>] = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or(&[]);
+        let pod_init: &[Named<'_>] = spec
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or(&[]);
         let pod_containers: &[ContainerView<'_>] =
             spec.and_then(|s| s.containers.as_deref()).unwrap_or(&[]);
         let pod_volumes: &[Named<'_>] = spec.and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
@@ -245,7 +251,6 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
             None
         };
         let raw_spec = raw_pod.as_ref().and_then(|r| r.spec.as_ref());
-        
 
         // Containers and init containers share one name space in a pod.
         let rec_init = NameSet::new(rec.init_containers.iter().map(String::as_str));
@@ -295,14 +300,23 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
             }
             let absent = spec.and_then(|s| s.init_containers.as_ref()).is_none();
             if absent && !init.add.is_empty() {
-                spec_ops.push(Op::Add("/spec/initContainers".into(), OpValue::Items(init.add.clone())));
+                spec_ops.push(Op::Add(
+                    "/spec/initContainers".into(),
+                    OpValue::Items(init.add.clone()),
+                ));
             } else if !absent {
                 for (k, item) in init.add.iter().enumerate() {
-                    spec_ops.push(Op::Add(format!("/spec/initContainers/{k}"), OpValue::Item(item)));
+                    spec_ops.push(Op::Add(
+                        format!("/spec/initContainers/{k}"),
+                        OpValue::Item(item),
+                    ));
                 }
             }
             if !init.add.is_empty() {
-                injected.push(format!("init containers {}", names(&new_entry.init_containers)));
+                injected.push(format!(
+                    "init containers {}",
+                    names(&new_entry.init_containers)
+                ));
             }
         }
 
@@ -312,7 +326,11 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         let mut mount_kept: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         let mut env_into: Vec<&str> = Vec::new();
         let mut mounts_into: Vec<&str> = Vec::new();
-        if !rendered.env.is_empty() || !rendered.volume_mounts.is_empty() || !rec.env.is_empty() || !rec.volume_mounts.is_empty() {
+        if !rendered.env.is_empty()
+            || !rendered.volume_mounts.is_empty()
+            || !rec.env.is_empty()
+            || !rec.volume_mounts.is_empty()
+        {
             let raw_containers = raw_spec.and_then(|s| s.containers.as_ref());
             for (ci, c) in pod_containers.iter().enumerate() {
                 let cname = c.name();
@@ -322,7 +340,8 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                 let mut raw_c: Option<RawContainerView<'_>> = None;
 
                 // Env.
-                let rec_env = NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
+                let rec_env =
+                    NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
                 let desired_keys = NameSet::new(rendered.env.iter().map(|e| e.key.as_ref()));
                 let pod_env: &[Named<'_>] = c.env.as_deref().unwrap_or(&[]);
                 let mut ours = Vec::new();
@@ -359,7 +378,12 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                 })?;
                 let env_names = env_plan.keys();
                 if env_plan.changed {
-                    emit_list(&mut spec_ops, &format!("/spec/containers/{ci}/env"), c.env.is_none(), &env_plan);
+                    emit_list(
+                        &mut spec_ops,
+                        &format!("/spec/containers/{ci}/env"),
+                        c.env.is_none(),
+                        &env_plan,
+                    );
                     if !env_plan.add.is_empty() {
                         env_into.push(cname);
                     }
@@ -370,9 +394,14 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
 
                 // Volume mounts, identified by mount path.
                 let rec_m = NameSet::new(
-                    rec.volume_mounts.get(cname).into_iter().flatten().map(String::as_str),
+                    rec.volume_mounts
+                        .get(cname)
+                        .into_iter()
+                        .flatten()
+                        .map(String::as_str),
                 );
-                let desired_keys = NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
+                let desired_keys =
+                    NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
                 let pod_mounts = c.volume_mounts.as_deref().unwrap_or(&[]);
                 let mut ours = Vec::new();
                 let mut taken: Vec<&str> = Vec::new();
@@ -399,7 +428,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                     .collect();
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
                 let raw_mounts: Option<Vec<&RawValue>> = if needs_raw {
-                    raw_container(&mut raw_c, raw_containers, ci)?.volume_mounts.clone()
+                    raw_container(&mut raw_c, raw_containers, ci)?
+                        .volume_mounts
+                        .clone()
                 } else {
                     None
                 };
@@ -419,7 +450,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                     }
                 }
                 if !mount_paths.is_empty() {
-                    new_entry.volume_mounts.insert(cname.to_owned(), mount_paths);
+                    new_entry
+                        .volume_mounts
+                        .insert(cname.to_owned(), mount_paths);
                 }
             }
         }
@@ -440,8 +473,16 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
             injected.push(format!("env {} into {}", names(&vars), names(&env_into)));
         }
         if !mounts_into.is_empty() {
-            let paths: Vec<&str> = rendered.volume_mounts.iter().map(|m| m.key.as_ref()).collect();
-            injected.push(format!("volume mounts {} into {}", names(&paths), names(&mounts_into)));
+            let paths: Vec<&str> = rendered
+                .volume_mounts
+                .iter()
+                .map(|m| m.key.as_ref())
+                .collect();
+            injected.push(format!(
+                "volume mounts {} into {}",
+                names(&paths),
+                names(&mounts_into)
+            ));
         }
 
         // Containers, appended after the pod's own.
@@ -602,10 +643,15 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
     if !injected.is_empty() {
         let verb = match mine {
             Some(m) if any_list_changed && m.hash != hash => "re-injected (policy changed)",
-            Some(_) if any_list_changed => "re-injected (the pod no longer matched its recorded injection)",
+            Some(_) if any_list_changed => {
+                "re-injected (the pod no longer matched its recorded injection)"
+            }
             _ => "injected",
         };
-        warnings.insert(0, format!("splice policy {policy} {verb}: {}", injected.join("; ")));
+        warnings.insert(
+            0,
+            format!("splice policy {policy} {verb}: {}", injected.join("; ")),
+        );
     }
     Ok(Plan { ops, warnings })
 }
@@ -698,7 +744,10 @@ fn plan_map<'x, V>(
                         added.push(*key);
                         let mut path = base.to_owned();
                         push_token(&mut path, key);
-                        ops.push(Op::Replace(path, OpValue::Str(Cow::Borrowed(value.as_ref()))));
+                        ops.push(Op::Replace(
+                            path,
+                            OpValue::Str(Cow::Borrowed(value.as_ref())),
+                        ));
                     }
                 } else if current != *value {
                     warnings.push(format!(

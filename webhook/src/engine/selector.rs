@@ -150,20 +150,44 @@ mod tests {
                 req("team", "Exists", &[]),
             ]),
         };
-        assert!(matches(&sel, &[("app", "web"), ("tier", "a"), ("team", "x")]));
         assert!(matches(
             &sel,
-            &[("app", "web"), ("tier", "b"), ("team", ""), ("track", "stable")]
+            &[("app", "web"), ("tier", "a"), ("team", "x")]
         ));
-        assert!(!matches(&sel, &[("app", "web"), ("tier", "c"), ("team", "x")]));
-        assert!(!matches(&sel, &[("app", "api"), ("tier", "a"), ("team", "x")]));
+        assert!(matches(
+            &sel,
+            &[
+                ("app", "web"),
+                ("tier", "b"),
+                ("team", ""),
+                ("track", "stable")
+            ]
+        ));
         assert!(!matches(
             &sel,
-            &[("app", "web"), ("tier", "a"), ("team", "x"), ("legacy", "1")]
+            &[("app", "web"), ("tier", "c"), ("team", "x")]
         ));
         assert!(!matches(
             &sel,
-            &[("app", "web"), ("tier", "a"), ("team", "x"), ("track", "canary")]
+            &[("app", "api"), ("tier", "a"), ("team", "x")]
+        ));
+        assert!(!matches(
+            &sel,
+            &[
+                ("app", "web"),
+                ("tier", "a"),
+                ("team", "x"),
+                ("legacy", "1")
+            ]
+        ));
+        assert!(!matches(
+            &sel,
+            &[
+                ("app", "web"),
+                ("tier", "a"),
+                ("team", "x"),
+                ("track", "canary")
+            ]
         ));
         assert!(!matches(&sel, &[("app", "web"), ("tier", "a")]));
     }

@@ -175,9 +175,7 @@ pub(crate) fn is_templated(s: &str) -> bool {
 /// Appends `key` to a field path: `.key` for identifiers, `["key"]` otherwise.
 pub(crate) fn push_key(path: &mut String, key: &str) {
     let ident = !key.is_empty()
-        && key
-            .bytes()
-            .all(|c| c.is_ascii_alphanumeric() || c == b'_')
+        && key.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
         && !key.as_bytes()[0].is_ascii_digit();
     if ident {
         path.push('.');
@@ -257,7 +255,9 @@ impl Templates {
     /// asks for them, plus `policy` and `values`.
     pub fn render<'t>(&'t self, ctx: &JValue) -> Result<Rendered<'t>, TemplateError> {
         let items = |list: &'t [TemplateItem]| -> Result<Vec<RItem<'t>>, TemplateError> {
-            list.iter().map(|item| self.render_item(item, ctx)).collect()
+            list.iter()
+                .map(|item| self.render_item(item, ctx))
+                .collect()
         };
         let strings = |list: &'t [TemplateString]| {
             list.iter()
@@ -334,7 +334,11 @@ fn walk_mut<'v>(mut v: &'v mut Value, path: &[Seg]) -> Option<&'v mut Value> {
 }
 
 /// Renders one template, with a message that names what went wrong.
-fn render_one(env: &Environment<'static>, hole: &Hole, ctx: &JValue) -> Result<String, TemplateError> {
+fn render_one(
+    env: &Environment<'static>,
+    hole: &Hole,
+    ctx: &JValue,
+) -> Result<String, TemplateError> {
     let err = |message: String| TemplateError {
         field: hole.field.clone(),
         message,
@@ -578,7 +582,10 @@ pub(crate) fn first_duplicate<'a>(names: impl IntoIterator<Item = &'a str>) -> O
 
 /// Stable hash of what decides the injected content: sha256 over canonical JSON (object keys
 /// sorted, no whitespace) of the policy name, template and values; 16 hex digits.
-pub(crate) fn template_hash(name: &str, spec: &InjectionPolicySpec) -> Result<String, serde_json::Error> {
+pub(crate) fn template_hash(
+    name: &str,
+    spec: &InjectionPolicySpec,
+) -> Result<String, serde_json::Error> {
     let doc = serde_json::json!({
         "name": name,
         "template": serde_json::to_value(&spec.template)?,

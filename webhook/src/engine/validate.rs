@@ -15,7 +15,9 @@ pub(crate) fn label_value(v: &str) -> Result<(), String> {
         return Err(format!("must be at most 63 characters (is {})", v.len()));
     }
     let b = v.as_bytes();
-    let ok_inner = b.iter().all(|&c| is_alnum(c) || matches!(c, b'-' | b'_' | b'.'));
+    let ok_inner = b
+        .iter()
+        .all(|&c| is_alnum(c) || matches!(c, b'-' | b'_' | b'.'));
     if !ok_inner || !is_alnum(b[0]) || !is_alnum(b[b.len() - 1]) {
         return Err(
             "must consist of alphanumerics, '-', '_' or '.', and start and end with an alphanumeric"
@@ -54,7 +56,10 @@ pub(crate) fn dns_subdomain(v: &str) -> Result<(), String> {
         || !lower_alnum(b[0])
         || !lower_alnum(b[b.len() - 1])
     {
-        return Err("must be lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric".into());
+        return Err(
+            "must be lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric"
+                .into(),
+        );
     }
     Ok(())
 }

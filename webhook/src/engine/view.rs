@@ -70,7 +70,8 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Entries<'a, T> {
                     let v = map.next_value::<T>()?;
                     // JSON objects with a repeated key keep the last value, as serde_json::Value
                     // and the API server do.
-                    if let Some(slot) = out.iter_mut().find(|(ek, _): &&mut (Str<'a>, T)| *ek == k) {
+                    if let Some(slot) = out.iter_mut().find(|(ek, _): &&mut (Str<'a>, T)| *ek == k)
+                    {
                         slot.1 = v;
                     } else {
                         out.push((k, v));
