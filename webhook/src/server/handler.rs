@@ -274,10 +274,18 @@ impl Handler {
             }
             Ok(Ok(Decision::Skip(reason))) => skip(reason),
             Ok(Err(e)) => {
+                // An invalid-object message may quote the pod, which may hold secrets: log the
+                // kind only. Template errors name a field and a cause, which operators need.
+                let detail = match &e {
+                    engine::EngineError::InvalidObject(_) => String::new(),
+                    other => other.to_string(),
+                };
                 tracing::warn!(
+                    policy = policy_name,
                     uid = %review.uid,
                     namespace = %review.namespace,
-                    error = %e,
+                    error = e.label(),
+                    detail,
                     "injection failed; the API server applies the webhook's failure policy"
                 );
                 let message = format!("splice could not compute the injection: {e}");
