@@ -1,9 +1,246 @@
+//! `splice run`: the controller (leader only), the webhook server and the admin server.
+
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use anyhow::Context as _;
+use clap::ValueEnum;
 
-pub fn main(_args: Args) -> ExitCode {
-    eprintln!("error: `splice run` is not built yet");
-    ExitCode::from(2)
+use crate::controller::{self, Settings, leader::LeaseConfig, render::ClientTarget};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Splice's own namespace: holds the Lease and the CA Secret, and is never injected.
+    #[arg(long, env = "SPLICE_NAMESPACE", default_value = "splice-system")]
+    namespace: String,
+
+    /// The Service in front of Splice's pods, which the API server calls.
+    #[arg(long, env = "SPLICE_SERVICE_NAME", default_value = "splice")]
+    service_name: String,
+
+    /// Port of that Service.
+    #[arg(long, env = "SPLICE_SERVICE_PORT", default_value_t = 443)]
+    service_port: u16,
+
+    /// Call the webhook at this HTTPS URL instead of the Service (a webhook running outside the
+    /// cluster, e.g. `https://127.0.0.1:8443`); its host is added to the serving certificate.
+    #[arg(long, env = "SPLICE_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+
+    /// Only serve and manage policies matching this label selector (e.g. `team=a`); by default
+    /// every policy. Lets independent Splice instances share a cluster.
+    #[arg(long, env = "SPLICE_POLICY_SELECTOR")]
+    policy_selector: Option<String>,
+
+    /// Address of the webhook (HTTPS) listener.
+    #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+
+    /// Address of the admin listener (/healthz, /readyz, /metrics).
+    #[arg(long, env = "SPLICE_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    admin_listen: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "SPLICE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    /// This replica's identity in the Lease; the pod name in a cluster. Defaults to the host name
+    /// and process id.
+    #[arg(long, env = "SPLICE_POD_NAME")]
+    identity: Option<String>,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, env = "SPLICE_LEASE_NAME", default_value = "splice-leader")]
+    lease_name: String,
+
+    /// How long a leader that stopped renewing keeps the Lease, in seconds: the upper bound on
+    /// how long the cluster is without a leader after the leader dies.
+    #[arg(long, env = "SPLICE_LEASE_DURATION", default_value_t = 15)]
+    lease_duration: u64,
+
+    /// How long the leader keeps acting without a successful renewal, in seconds (less than the
+    /// lease duration).
+    #[arg(long, env = "SPLICE_LEASE_RENEW_DEADLINE", default_value_t = 10)]
+    lease_renew_deadline: u64,
+
+    /// How often the leader renews and the other replicas try to acquire, in seconds.
+    #[arg(long, env = "SPLICE_LEASE_RETRY_PERIOD", default_value_t = 2)]
+    lease_retry_period: u64,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    init_tracing(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "splice run failed");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let settings = settings(&args)?;
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    controller::run(client, settings, shutdown_signal()).await
+}
+
+fn settings(args: &Args) -> anyhow::Result<Settings> {
+    let target = match &args.webhook_url {
+        Some(url) => ClientTarget::from_url(url)?,
+        None => ClientTarget::Service {
+            namespace: args.namespace.clone(),
+            name: args.service_name.clone(),
+            port: i32::from(args.service_port),
+        },
+    };
+    let lease = LeaseConfig {
+        name: args.lease_name.clone(),
+        identity: args.identity.clone().unwrap_or_else(default_identity),
+        lease_duration: Duration::from_secs(args.lease_duration),
+        renew_deadline: Duration::from_secs(args.lease_renew_deadline),
+        retry_period: Duration::from_secs(args.lease_retry_period),
+    };
+    lease.validate()?;
+    Ok(Settings {
+        namespace: args.namespace.clone(),
+        target,
+        policy_selector: args.policy_selector.clone().filter(|s| !s.is_empty()),
+        listen: args.listen,
+        admin_listen: args.admin_listen,
+        lease,
+    })
+}
+
+/// Unique per process, so two replicas on one host never share an identity.
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "splice".to_owned());
+    format!("{host}_{}", std::process::id())
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SPLICE_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+/// Resolves on SIGTERM (what the kubelet sends) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Settings, String> {
+        let cli = Cli::try_parse_from(std::iter::once("run").chain(argv.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        settings(&cli.args).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn by_default_the_webhook_is_reached_through_the_service_in_splice_system() {
+        let s = parse(&["--identity", "a"]).unwrap();
+        assert_eq!(s.namespace, "splice-system");
+        assert_eq!(
+            s.target,
+            ClientTarget::Service {
+                namespace: "splice-system".into(),
+                name: "splice".into(),
+                port: 443
+            }
+        );
+        assert_eq!(s.lease.lease_duration, Duration::from_secs(15));
+        assert_eq!(s.lease.identity, "a");
+    }
+
+    #[test]
+    fn a_webhook_url_replaces_the_service() {
+        let s = parse(&["--webhook-url", "https://127.0.0.1:9443"]).unwrap();
+        assert!(matches!(s.target, ClientTarget::Url { ref host, .. } if host == "127.0.0.1"));
+    }
+
+    #[test]
+    fn a_plain_http_webhook_url_is_refused_with_the_reason() {
+        let err = parse(&["--webhook-url", "http://127.0.0.1:9443"]).unwrap_err();
+        assert!(err.contains("https://"), "{err}");
+    }
+
+    #[test]
+    fn inconsistent_lease_timings_are_refused() {
+        let err = parse(&["--lease-duration", "5", "--lease-renew-deadline", "5"]).unwrap_err();
+        assert!(err.contains("renew deadline"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_log_format_is_refused() {
+        assert!(parse(&["--log-format", "xml"]).is_err());
+    }
+
+    #[test]
+    fn two_default_identities_in_one_process_are_stable_and_name_the_process() {
+        assert_eq!(default_identity(), default_identity());
+        assert!(default_identity().ends_with(&format!("_{}", std::process::id())));
+    }
 }

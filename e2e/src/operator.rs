@@ -1,0 +1,395 @@
+//! Helpers for the operator's end-to-end tests: the CRD, `splice run` as a child process with its
+//! own namespace, Lease and policy selector, and policies that clean up after themselves.
+//!
+//! Included by the operator test files with `#[path]`, so it compiles against the shared helpers
+//! in `splice_e2e` without changing that crate's root. Each test binary uses a different subset.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, CustomResourceExt};
+use serde_json::{Value, json};
+use splice_crds::InjectionPolicy;
+use splice_e2e::{ChildGuard, free_port, repo_root, wait_for_port, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The label whose value scopes one `splice run` to the policies of one test.
+pub const INSTANCE_LABEL: &str = "e2e.splice.dev/instance";
+/// Field manager of everything the tests apply.
+pub const TEST_MANAGER: &str = "splice-e2e";
+
+/// The `splice` binary: `$SPLICE_BIN` (set by `e2e/run-e2e.sh`), else the workspace's debug build.
+pub fn splice_bin() -> Result<PathBuf> {
+    let path = std::env::var_os("SPLICE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target/debug/splice"));
+    if !path.is_file() {
+        bail!(
+            "{} does not exist: run `cargo build -p splice` first (or set SPLICE_BIN)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Installs (or updates) the InjectionPolicy CRD and waits until it is served.
+pub async fn install_crd(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = InjectionPolicy::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply(TEST_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("applying the InjectionPolicy CRD")?;
+    wait_until(Duration::from_secs(30), "the CRD to be established", || {
+        let crds = crds.clone();
+        let name = name.clone();
+        async move {
+            let crd = crds.get(&name).await?;
+            Ok(crd
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True"))
+        }
+    })
+    .await
+}
+
+/// Options of one `splice run` child.
+#[derive(Clone, Debug)]
+pub struct SpliceOptions {
+    /// Splice's namespace (Lease, Secret); must exist.
+    pub namespace: String,
+    /// Value of [`INSTANCE_LABEL`] on the policies this instance manages.
+    pub instance: String,
+    /// Lease identity; `None` lets splice pick one (host and pid).
+    pub identity: Option<String>,
+    /// Webhook port; a free one when `None`.
+    pub port: Option<u16>,
+    /// `--webhook-url` port, when different from the listen port (replicas sharing one URL).
+    pub url_port: Option<u16>,
+    pub lease: Option<(u64, u64, u64)>,
+    /// Name for the log file under `target/e2e-logs/`.
+    pub log_name: String,
+}
+
+impl SpliceOptions {
+    pub fn new(namespace: &str, instance: &str) -> Self {
+        SpliceOptions {
+            namespace: namespace.to_owned(),
+            instance: instance.to_owned(),
+            identity: None,
+            port: None,
+            url_port: None,
+            lease: None,
+            log_name: format!("splice-{instance}"),
+        }
+    }
+}
+
+/// A running `splice run`, killed with SIGKILL when dropped.
+pub struct Splice {
+    pub child: Option<ChildGuard>,
+    pub port: u16,
+    pub admin_port: u16,
+    pub log: PathBuf,
+    pub options: SpliceOptions,
+}
+
+impl Splice {
+    /// Starts `splice run` and waits until it is ready (certificate loaded, caches synced).
+    pub async fn start(options: SpliceOptions) -> Result<Self> {
+        let port = match options.port {
+            Some(p) => p,
+            None => free_port()?,
+        };
+        let admin_port = free_port()?;
+        let logs = repo_root().join("target/e2e-logs");
+        std::fs::create_dir_all(&logs)?;
+        let log = logs.join(format!("{}.log", options.log_name));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let mut cmd = Command::new(splice_bin()?);
+        cmd.arg("run")
+            .arg("--namespace")
+            .arg(&options.namespace)
+            .arg("--webhook-url")
+            .arg(format!(
+                "https://127.0.0.1:{}",
+                options.url_port.unwrap_or(port)
+            ))
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--admin-listen")
+            .arg(format!("127.0.0.1:{admin_port}"))
+            .arg("--policy-selector")
+            .arg(format!("{INSTANCE_LABEL}={}", options.instance))
+            .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+            .env("SPLICE_LOG", "info,splice=debug")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        if let Some(identity) = &options.identity {
+            cmd.arg("--identity").arg(identity);
+        }
+        if let Some((duration, renew, retry)) = options.lease {
+            cmd.arg("--lease-duration")
+                .arg(duration.to_string())
+                .arg("--lease-renew-deadline")
+                .arg(renew.to_string())
+                .arg("--lease-retry-period")
+                .arg(retry.to_string());
+        }
+        let child = ChildGuard::spawn(&mut cmd)?;
+        let splice = Splice {
+            child: Some(child),
+            port,
+            admin_port,
+            log,
+            options,
+        };
+        wait_for_port(admin_port, Duration::from_secs(20)).await?;
+        let log = splice.log.clone();
+        wait_until(
+            Duration::from_secs(30),
+            "splice to become ready",
+            || async move {
+                Ok(http_get(admin_port, "/readyz")
+                    .await
+                    .map(|(code, _)| code == 200)
+                    .unwrap_or(false))
+            },
+        )
+        .await
+        .with_context(|| format!("see {}", log.display()))?;
+        Ok(splice)
+    }
+
+    /// SIGKILL, as when a node dies: no lease release, no cleanup.
+    pub fn kill(&mut self) {
+        self.child.take();
+    }
+
+    /// The Prometheus text of its admin port.
+    pub async fn metrics(&self) -> Result<String> {
+        let (code, body) = http_get(self.admin_port, "/metrics").await?;
+        if code != 200 {
+            bail!("/metrics answered {code}");
+        }
+        Ok(body)
+    }
+}
+
+/// A bare HTTP/1.0 GET on 127.0.0.1 (the admin port is plain HTTP); returns status and body.
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await??;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("malformed HTTP response: {response:.80}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Applies the policy `name` with `spec`, labelled for `instance`.
+pub async fn apply_policy(client: &Client, instance: &str, name: &str, spec: Value) -> Result<()> {
+    let typed: Api<InjectionPolicy> = Api::all(client.clone());
+    let body = json!({
+        "apiVersion": "splice.dev/v1alpha1",
+        "kind": "InjectionPolicy",
+        "metadata": {"name": name, "labels": {INSTANCE_LABEL: instance}},
+        "spec": spec,
+    });
+    typed
+        .patch(
+            name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .with_context(|| format!("applying policy {name}"))?;
+    Ok(())
+}
+
+pub fn condition<'a>(
+    policy: &'a InjectionPolicy,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// Waits until `name` reports Ready=`status` for its current generation; returns the policy.
+pub async fn wait_policy(
+    client: &Client,
+    name: &str,
+    status: &str,
+    timeout: Duration,
+) -> Result<InjectionPolicy> {
+    let api: Api<InjectionPolicy> = Api::all(client.clone());
+    let mut last = None;
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(p) = api.get_opt(name).await? {
+            let current =
+                p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation;
+            if current && condition(&p, "Ready").is_some_and(|c| c.status == status) {
+                return Ok(p);
+            }
+            last = Some(p);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "policy {name} did not reach Ready={status} within {timeout:?}; last status: {}",
+                last.and_then(|p| p.status)
+                    .map(|s| format!("{s:?}"))
+                    .unwrap_or_else(|| "none".into())
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deletes every policy of one instance (and so, by ownership, their webhook configurations)
+/// when dropped, pass or fail.
+pub struct PolicyCleanup {
+    pub client: Client,
+    pub instance: String,
+}
+
+impl Drop for PolicyCleanup {
+    fn drop(&mut self) {
+        let client = self.client.clone();
+        let selector = format!("{INSTANCE_LABEL}={}", self.instance);
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let api: Api<InjectionPolicy> = Api::all(client);
+                let _ = api
+                    .delete_collection(
+                        &DeleteParams::default(),
+                        &ListParams::default().labels(&selector),
+                    )
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// A pod with one application container and `labels`.
+pub fn pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned())))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
+    }))
+    .unwrap_or_default()
+}
+
+pub fn container_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+pub fn init_container_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map(|c| c.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+pub fn image_of(pod: &Pod, container: &str) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == container)?
+        .image
+        .clone()
+}
+
+/// The webhook configuration Splice keeps for `policy`, if any.
+pub async fn configuration(
+    client: &Client,
+    policy: &str,
+) -> Result<Option<MutatingWebhookConfiguration>> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    Ok(api.get_opt(&format!("splice-{policy}")).await?)
+}
+
+/// Waits until the API server calls the webhook for `policy` in `namespace`: a server-side dry
+/// run (no side effect) shows `container`. The API server loads new webhook configurations
+/// asynchronously, so a configuration that exists is not yet one that is called.
+pub async fn wait_injecting(
+    client: &Client,
+    namespace: &str,
+    labels: &[(&str, &str)],
+    container: &str,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let probe = pod("probe", labels);
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{container} to be injected in {namespace}"),
+        || {
+            let pods = pods.clone();
+            let probe = probe.clone();
+            async move {
+                let created = pods
+                    .create(
+                        &kube::api::PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &probe,
+                    )
+                    .await?;
+                Ok(container_names(&created)
+                    .iter()
+                    .chain(init_container_names(&created).iter())
+                    .any(|n| n == container))
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,536 @@
+//! Pure: what a policy's status should say, given what the reconciler found and did, and which
+//! Events tell a person that its effective state changed.
+
+use k8s_openapi::jiff::Timestamp;
+use splice_crds::{
+    ConditionStatus, FailurePolicy, InjectionPolicyStatus, condition, set_condition,
+};
+
+use super::conflicts::Conflict;
+
+/// The failure policy actually written into the webhook, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailurePolicyDecision {
+    pub effective: FailurePolicy,
+    /// Reason and message of the FailClosed condition.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl FailurePolicyDecision {
+    pub fn fail_closed(&self) -> bool {
+        self.effective == FailurePolicy::Fail
+    }
+}
+
+/// Reason of FailClosed=False while `Fail` is requested but not yet allowed.
+pub const REASON_GUARD_NOT_IMPLEMENTED: &str = "AvailabilityGuardNotImplemented";
+
+/// The failure policy in force for a policy that requests `requested`.
+///
+/// `Fail` makes every matching pod creation depend on Splice being reachable; it is only safe once
+/// Splice can prove its own availability (at least two available replicas and a
+/// PodDisruptionBudget). This version cannot check that yet, so it always writes `Ignore`.
+pub fn effective_failure_policy(requested: FailurePolicy) -> FailurePolicyDecision {
+    match requested {
+        FailurePolicy::Ignore => FailurePolicyDecision {
+            effective: FailurePolicy::Ignore,
+            reason: "IgnoreRequested",
+            message: "spec.failurePolicy is Ignore: when the webhook cannot be reached, pods are \
+                      admitted without injection."
+                .to_owned(),
+        },
+        FailurePolicy::Fail => FailurePolicyDecision {
+            effective: FailurePolicy::Ignore,
+            reason: REASON_GUARD_NOT_IMPLEMENTED,
+            message: "spec.failurePolicy is Fail, but the webhook is written with Ignore: Splice \
+                      only puts Fail in force once it can verify its own availability (at least \
+                      2 available replicas and a PodDisruptionBudget), and this version does not \
+                      check that yet. Until then, when the webhook cannot be reached, pods are \
+                      admitted without injection."
+                .to_owned(),
+        },
+    }
+}
+
+/// What happened to the policy's webhook configuration in this reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// The configuration matches the policy (it was written, or already up to date).
+    Applied { configuration: String },
+    /// Removed (or kept absent) because the policy is paused.
+    Paused { configuration: String },
+    /// Removed (or kept absent) because the policy's templates do not compile.
+    Invalid {
+        configuration: String,
+        error: String,
+    },
+    /// Could not be written; the reconciler retries with backoff.
+    Failed {
+        configuration: String,
+        error: String,
+    },
+}
+
+/// Everything the status is decided from.
+#[derive(Clone, Debug)]
+pub struct Observation<'a> {
+    pub generation: Option<i64>,
+    /// The compiled template hash, when the templates compile.
+    pub template_hash: Option<&'a str>,
+    pub webhook: &'a WebhookOutcome,
+    pub failure_policy: &'a FailurePolicyDecision,
+    pub conflicts: &'a [Conflict],
+}
+
+/// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
+const MAX_LISTED_CONFLICTS: usize = 5;
+
+/// The status the policy should have. Conditions keep their `lastTransitionTime` unless their
+/// status flips, so recomputing an unchanged status yields a value equal to `current`.
+pub fn desired_status(
+    current: Option<&InjectionPolicyStatus>,
+    obs: &Observation<'_>,
+    now: Timestamp,
+) -> InjectionPolicyStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    let generation = obs.generation;
+    let mut set = |type_: &str, s: ConditionStatus, reason: &str, message: &str| {
+        set_condition(
+            &mut status.conditions,
+            type_,
+            s,
+            reason,
+            message,
+            generation,
+            now,
+        );
+    };
+
+    let (ready, configured) = match obs.webhook {
+        WebhookOutcome::Applied { configuration } => {
+            let ready_message = if obs.conflicts.is_empty() {
+                format!(
+                    "Pods selected by this policy are injected through MutatingWebhookConfiguration \
+                     {configuration} (failurePolicy {}).",
+                    obs.failure_policy.effective.as_str()
+                )
+            } else {
+                format!(
+                    "Pods selected by this policy are injected through MutatingWebhookConfiguration \
+                     {configuration} (failurePolicy {}), but it conflicts with other policies: see \
+                     the Conflicted condition.",
+                    obs.failure_policy.effective.as_str()
+                )
+            };
+            (
+                (ConditionStatus::True, "Configured", ready_message),
+                (
+                    ConditionStatus::True,
+                    "Applied",
+                    format!("MutatingWebhookConfiguration {configuration} matches this policy."),
+                ),
+            )
+        }
+        WebhookOutcome::Paused { configuration } => {
+            let message = format!(
+                "spec.paused is true, so MutatingWebhookConfiguration {configuration} was removed and \
+                 no pod is injected; set spec.paused to false to resume injection."
+            );
+            (
+                (ConditionStatus::False, "Paused", message.clone()),
+                (ConditionStatus::False, "Paused", message),
+            )
+        }
+        WebhookOutcome::Invalid {
+            configuration,
+            error,
+        } => (
+            (
+                ConditionStatus::False,
+                "InvalidTemplate",
+                format!(
+                    "The template does not compile: {error}. No pod is injected until spec.template \
+                     (or spec.values) is fixed."
+                ),
+            ),
+            (
+                ConditionStatus::False,
+                "InvalidTemplate",
+                format!(
+                    "MutatingWebhookConfiguration {configuration} was removed because the template \
+                     does not compile."
+                ),
+            ),
+        ),
+        WebhookOutcome::Failed {
+            configuration,
+            error,
+        } => (
+            (
+                ConditionStatus::False,
+                "WebhookConfigurationFailed",
+                format!(
+                    "MutatingWebhookConfiguration {configuration} could not be written: {error}. \
+                     Splice retries with backoff; check its logs and RBAC."
+                ),
+            ),
+            (
+                ConditionStatus::False,
+                "ApplyFailed",
+                format!("Writing MutatingWebhookConfiguration {configuration} failed: {error}."),
+            ),
+        ),
+    };
+    set(condition::READY, ready.0, ready.1, &ready.2);
+    set(
+        condition::WEBHOOK_CONFIGURED,
+        configured.0,
+        configured.1,
+        &configured.2,
+    );
+    set(
+        condition::FAIL_CLOSED,
+        obs.failure_policy.fail_closed().into(),
+        obs.failure_policy.reason,
+        &obs.failure_policy.message,
+    );
+    if obs.conflicts.is_empty() {
+        set(
+            condition::CONFLICTED,
+            ConditionStatus::False,
+            "NoConflicts",
+            "No other policy that can select the same pods injects a container, init container, \
+             volume or env var of the same name with different content.",
+        );
+    } else {
+        set(
+            condition::CONFLICTED,
+            ConditionStatus::True,
+            "ConflictingInjection",
+            &conflict_message(obs.conflicts),
+        );
+    }
+
+    status.observed_generation = generation;
+    status.effective_failure_policy = Some(obs.failure_policy.effective);
+    status.template_hash = obs.template_hash.map(str::to_owned);
+    status.webhook_configuration = match obs.webhook {
+        WebhookOutcome::Applied { configuration } => Some(configuration.clone()),
+        // The configuration may still exist from an earlier generation; the name stays until it
+        // is known to be gone.
+        WebhookOutcome::Failed { .. } => status.webhook_configuration,
+        WebhookOutcome::Paused { .. } | WebhookOutcome::Invalid { .. } => None,
+    };
+    status
+}
+
+fn conflict_message(conflicts: &[Conflict]) -> String {
+    let mut parts: Vec<String> = conflicts
+        .iter()
+        .take(MAX_LISTED_CONFLICTS)
+        .map(ToString::to_string)
+        .collect();
+    if conflicts.len() > MAX_LISTED_CONFLICTS {
+        parts.push(format!(
+            "and {} more",
+            conflicts.len() - MAX_LISTED_CONFLICTS
+        ));
+    }
+    format!(
+        "{}. Both policies can select the same pods, so what a pod gets depends on webhook order. \
+         Rename the item, make the content identical, or make the selectors disjoint.",
+        parts.join("; ")
+    )
+}
+
+/// Severity of a planned Event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Normal,
+    Warning,
+}
+
+/// An Event to publish on the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEvent {
+    pub severity: Severity,
+    pub reason: String,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// Events for every change of effective state between `old` and `new`: a condition whose status
+/// or reason changed, or a new template hash. Message-only changes (e.g. a new generation with
+/// the same outcome) are not events, so a steady policy emits none.
+pub fn planned_events(
+    old: Option<&InjectionPolicyStatus>,
+    new: &InjectionPolicyStatus,
+) -> Vec<PlannedEvent> {
+    let mut events = Vec::new();
+    for cond in &new.conditions {
+        let before = old.and_then(|o| o.conditions.iter().find(|c| c.type_ == cond.type_));
+        let severity = severity(&cond.type_, &cond.status, &cond.reason);
+        let changed = match before {
+            Some(b) => b.status != cond.status || b.reason != cond.reason,
+            // A fresh policy: say that it is (or is not) ready, and anything that needs attention;
+            // "no conflicts" and "Ignore as requested" are not news.
+            None => cond.type_ == condition::READY || severity == Severity::Warning,
+        };
+        if changed {
+            events.push(PlannedEvent {
+                severity,
+                reason: cond.reason.clone(),
+                action: action(&cond.type_),
+                note: cond.message.clone(),
+            });
+        }
+    }
+    let old_hash = old.and_then(|o| o.template_hash.as_deref());
+    if let (Some(before), Some(after)) = (old_hash, new.template_hash.as_deref())
+        && before != after
+    {
+        events.push(PlannedEvent {
+            severity: Severity::Normal,
+            reason: "TemplateUpdated".to_owned(),
+            action: "Reconcile",
+            note: format!(
+                "New pods get template {after} (was {before}); pods that already exist are not changed."
+            ),
+        });
+    }
+    events
+}
+
+fn severity(type_: &str, status: &str, reason: &str) -> Severity {
+    let bad = match type_ {
+        condition::READY | condition::WEBHOOK_CONFIGURED => status != "True" && reason != "Paused",
+        condition::FAIL_CLOSED => reason == REASON_GUARD_NOT_IMPLEMENTED,
+        condition::CONFLICTED => status == "True",
+        _ => false,
+    };
+    if bad {
+        Severity::Warning
+    } else {
+        Severity::Normal
+    }
+}
+
+fn action(type_: &str) -> &'static str {
+    match type_ {
+        condition::WEBHOOK_CONFIGURED => "ApplyWebhookConfiguration",
+        condition::FAIL_CLOSED => "SetFailurePolicy",
+        condition::CONFLICTED => "DetectConflicts",
+        _ => "Reconcile",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::conflicts::ItemKind;
+
+    fn ts(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn applied() -> WebhookOutcome {
+        WebhookOutcome::Applied {
+            configuration: "splice-p".into(),
+        }
+    }
+
+    fn obs<'a>(
+        webhook: &'a WebhookOutcome,
+        fp: &'a FailurePolicyDecision,
+        conflicts: &'a [Conflict],
+    ) -> Observation<'a> {
+        Observation {
+            generation: Some(2),
+            template_hash: Some("h1"),
+            webhook,
+            failure_policy: fp,
+            conflicts,
+        }
+    }
+
+    fn cond<'a>(
+        s: &'a InjectionPolicyStatus,
+        t: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn requesting_fail_is_downgraded_to_ignore_with_a_reason_a_person_understands() {
+        let d = effective_failure_policy(FailurePolicy::Fail);
+        assert_eq!(d.effective, FailurePolicy::Ignore);
+        assert!(!d.fail_closed());
+        assert_eq!(d.reason, REASON_GUARD_NOT_IMPLEMENTED);
+        assert!(d.message.contains("2 available replicas"));
+        assert_eq!(
+            effective_failure_policy(FailurePolicy::Ignore).effective,
+            FailurePolicy::Ignore
+        );
+    }
+
+    #[test]
+    fn an_applied_policy_is_ready_with_every_condition_at_its_generation() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = applied();
+        let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
+        assert_eq!(s.observed_generation, Some(2));
+        assert_eq!(s.webhook_configuration.as_deref(), Some("splice-p"));
+        assert_eq!(s.template_hash.as_deref(), Some("h1"));
+        assert_eq!(s.effective_failure_policy, Some(FailurePolicy::Ignore));
+        for (t, status) in [
+            (condition::READY, "True"),
+            (condition::WEBHOOK_CONFIGURED, "True"),
+            (condition::FAIL_CLOSED, "False"),
+            (condition::CONFLICTED, "False"),
+        ] {
+            let c = cond(&s, t);
+            assert_eq!(c.status, status, "{t}");
+            assert_eq!(c.observed_generation, Some(2));
+        }
+    }
+
+    #[test]
+    fn recomputing_an_unchanged_status_is_equal_so_nothing_is_written() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = applied();
+        let first = desired_status(None, &obs(&w, &fp, &[]), ts(1));
+        let again = desired_status(Some(&first), &obs(&w, &fp, &[]), ts(500));
+        assert_eq!(first, again);
+        assert!(planned_events(Some(&first), &again).is_empty());
+    }
+
+    #[test]
+    fn a_paused_policy_is_not_ready_and_names_no_configuration() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = WebhookOutcome::Paused {
+            configuration: "splice-p".into(),
+        };
+        let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
+        let ready = cond(&s, condition::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Paused")
+        );
+        assert!(ready.message.contains("spec.paused to false"));
+        assert_eq!(s.webhook_configuration, None);
+    }
+
+    #[test]
+    fn an_invalid_template_says_why_and_drops_the_hash() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = WebhookOutcome::Invalid {
+            configuration: "splice-p".into(),
+            error: "spec.template.containers[0].image: undefined variable `values.nope`".into(),
+        };
+        let mut o = obs(&w, &fp, &[]);
+        o.template_hash = None;
+        let s = desired_status(None, &o, ts(1));
+        let ready = cond(&s, condition::READY);
+        assert_eq!(ready.reason, "InvalidTemplate");
+        assert!(ready.message.contains("values.nope"));
+        assert_eq!(s.template_hash, None);
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_configuration_name_it_had() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let ok = applied();
+        let before = desired_status(None, &obs(&ok, &fp, &[]), ts(1));
+        let failed = WebhookOutcome::Failed {
+            configuration: "splice-p".into(),
+            error: "boom".into(),
+        };
+        let after = desired_status(Some(&before), &obs(&failed, &fp, &[]), ts(2));
+        assert_eq!(after.webhook_configuration.as_deref(), Some("splice-p"));
+        assert_eq!(
+            cond(&after, condition::READY).reason,
+            "WebhookConfigurationFailed"
+        );
+        assert_eq!(cond(&after, condition::READY).last_transition_time.0, ts(2));
+    }
+
+    #[test]
+    fn conflicts_mark_the_policy_conflicted_naming_the_other_and_the_item() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = applied();
+        let c = [Conflict {
+            other: "b".into(),
+            kind: ItemKind::Container,
+            item: "proxy".into(),
+        }];
+        let s = desired_status(None, &obs(&w, &fp, &c), ts(1));
+        let conflicted = cond(&s, condition::CONFLICTED);
+        assert_eq!(conflicted.status, "True");
+        assert!(conflicted.message.contains("\"b\""));
+        assert!(conflicted.message.contains("\"proxy\""));
+    }
+
+    #[test]
+    fn a_long_conflict_list_is_shortened() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = applied();
+        let c: Vec<Conflict> = (0..8)
+            .map(|i| Conflict {
+                other: format!("p{i}"),
+                kind: ItemKind::Volume,
+                item: "v".into(),
+            })
+            .collect();
+        let s = desired_status(None, &obs(&w, &fp, &c), ts(1));
+        assert!(
+            cond(&s, condition::CONFLICTED)
+                .message
+                .contains("and 3 more")
+        );
+    }
+
+    #[test]
+    fn a_new_policy_announces_readiness_and_warnings_only() {
+        let fp = effective_failure_policy(FailurePolicy::Fail);
+        let w = applied();
+        let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
+        let events = planned_events(None, &s);
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, vec!["Configured", REASON_GUARD_NOT_IMPLEMENTED]);
+        assert_eq!(events[1].severity, Severity::Warning);
+    }
+
+    #[test]
+    fn pausing_and_new_templates_are_events_but_generation_bumps_alone_are_not() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let w = applied();
+        let first = desired_status(None, &obs(&w, &fp, &[]), ts(1));
+
+        let mut o = obs(&w, &fp, &[]);
+        o.generation = Some(3);
+        let bumped = desired_status(Some(&first), &o, ts(2));
+        assert_ne!(first, bumped);
+        assert!(planned_events(Some(&first), &bumped).is_empty());
+
+        o.template_hash = Some("h2");
+        let retemplated = desired_status(Some(&bumped), &o, ts(3));
+        let events = planned_events(Some(&bumped), &retemplated);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].reason, "TemplateUpdated");
+
+        let paused = WebhookOutcome::Paused {
+            configuration: "splice-p".into(),
+        };
+        let mut o = obs(&paused, &fp, &[]);
+        o.template_hash = Some("h2");
+        let p = desired_status(Some(&retemplated), &o, ts(4));
+        let events = planned_events(Some(&retemplated), &p);
+        assert!(
+            events
+                .iter()
+                .all(|e| e.reason == "Paused" && e.severity == Severity::Normal)
+        );
+        assert_eq!(events.len(), 2);
+    }
+}

@@ -1,0 +1,687 @@
+//! The operator: every replica serves the webhook from caches it keeps current; the replica that
+//! holds the Lease also turns policies into webhook configurations, keeps the CA Secret and writes
+//! status and Events.
+//!
+//! Layout: pure decisions in [`render`], [`conditions`] and [`conflicts`]; API calls in
+//! [`reconcile`] (one policy), [`ca`] (the Secret) and [`leader`] (the Lease); wiring here.
+
+pub mod ca;
+pub mod conditions;
+pub mod conflicts;
+pub mod leader;
+pub mod reconcile;
+pub mod render;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER};
+use splice_webhook::admin::{AdminServer, Readiness};
+use splice_webhook::engine::{CompiledPolicy, NamespaceContext};
+use splice_webhook::metrics::Metrics;
+use splice_webhook::server::{WebhookConfig, WebhookServer};
+use splice_webhook::store::{NamespaceStore, PolicyStore};
+use splice_webhook::tls::CertResolver;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use self::leader::LeaseConfig;
+use self::reconcile::{Error, error_policy, reconcile};
+use self::render::ClientTarget;
+
+/// Everything `splice run` is configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Splice's own namespace: the Lease and the CA Secret live here, and no pod in it is injected.
+    pub namespace: String,
+    /// How the API server reaches the webhook (Service or `--webhook-url`).
+    pub target: ClientTarget,
+    /// Only policies matching this label selector are served and managed (empty: all). Lets
+    /// several independent Splice instances share a cluster, e.g. in tests or for canaries.
+    pub policy_selector: Option<String>,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub lease: LeaseConfig,
+}
+
+/// What every reconcile reads and shares.
+pub struct Context {
+    /// The client every read and write goes through.
+    pub client: Client,
+    /// Splice's own namespace (excluded from every webhook).
+    pub namespace: String,
+    /// How the API server reaches the webhook.
+    pub target: ClientTarget,
+    /// Every managed policy as the controller sees them, for conflict detection.
+    pub policies: Store<InjectionPolicy>,
+    /// The CA PEM the API server must trust; `None` until the Secret has been loaded.
+    pub ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    /// Publishes Events on policies.
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Whether this replica holds the Lease; checked before every write.
+    pub leading: watch::Receiver<bool>,
+    /// Consecutive failures per policy, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// The status this replica last wrote per policy, until the watch delivers it.
+    written: Mutex<HashMap<String, WrittenStatus>>,
+}
+
+struct WrittenStatus {
+    uid: Option<String>,
+    /// resourceVersion of the object the write was based on.
+    based_on: Option<String>,
+    status: InjectionPolicyStatus,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: &Settings,
+        policies: Store<InjectionPolicy>,
+        ca_bundle: watch::Receiver<Option<Arc<String>>>,
+        metrics: Arc<Metrics>,
+        leading: watch::Receiver<bool>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.to_owned(),
+            instance: Some(settings.lease.identity.clone()),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace: settings.namespace.clone(),
+            target: settings.target.clone(),
+            policies,
+            ca_bundle,
+            metrics,
+            leading,
+            failures: Mutex::default(),
+            written: Mutex::default(),
+        }
+    }
+
+    pub(crate) fn ensure_leading(&self) -> Result<(), Error> {
+        if *self.leading.borrow() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    pub(crate) fn count_failure(&self, policy: &str) -> u32 {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = failures.entry(policy.to_owned()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub(crate) fn reset_backoff(&self, policy: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(policy);
+    }
+
+    /// The status to compare against: the cached object's, unless the cache still holds the very
+    /// version our last status write was based on (its watch event has not arrived yet), in which
+    /// case what we wrote. Without this, a reconcile right after a write would write again.
+    pub(crate) fn last_known_status(
+        &self,
+        policy: &InjectionPolicy,
+    ) -> Option<InjectionPolicyStatus> {
+        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        match written.get(&policy.name_any()) {
+            Some(w)
+                if w.uid == policy.metadata.uid
+                    && w.based_on == policy.metadata.resource_version =>
+            {
+                Some(w.status.clone())
+            }
+            _ => policy.status.clone(),
+        }
+    }
+
+    pub(crate) fn remember_status(
+        &self,
+        policy: &InjectionPolicy,
+        _written: &InjectionPolicy,
+        status: &InjectionPolicyStatus,
+    ) {
+        self.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                policy.name_any(),
+                WrittenStatus {
+                    uid: policy.metadata.uid.clone(),
+                    based_on: policy.metadata.resource_version.clone(),
+                    status: status.clone(),
+                },
+            );
+    }
+}
+
+/// Runs `splice run` until `shutdown` resolves: the webhook and admin servers and the caches on
+/// every replica, the controller on the leader.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    settings.lease.validate()?;
+    let metrics = Arc::new(Metrics::new());
+    let policies = Arc::new(PolicyStore::new());
+    let namespaces = Arc::new(NamespaceStore::new());
+    let resolver = Arc::new(CertResolver::new());
+    let readiness = Arc::new(Readiness::new(Arc::clone(&resolver)));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = {
+        let rx = stop_rx.clone();
+        move || wait_true(rx.clone())
+    };
+
+    let webhook_listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen for webhook requests on {}: {e}",
+                settings.listen
+            )
+        })?;
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen for admin requests on {}: {e}",
+                settings.admin_listen
+            )
+        })?;
+    tracing::info!(
+        webhook = %settings.listen,
+        admin = %settings.admin_listen,
+        namespace = %settings.namespace,
+        identity = %settings.lease.identity,
+        "splice run starting"
+    );
+    let server = WebhookServer::new(
+        WebhookConfig::new(&settings.namespace),
+        Arc::clone(&policies),
+        Arc::clone(&namespaces),
+        Arc::clone(&metrics),
+        Arc::clone(&resolver),
+    )?
+    .readiness(Arc::clone(&readiness));
+    let webhook_task = tokio::spawn(server.serve(webhook_listener, stopped()));
+    let admin = AdminServer::new(Arc::clone(&metrics), Arc::clone(&readiness));
+    let admin_task = tokio::spawn(admin.serve(admin_listener, stopped()));
+
+    // Caches every replica keeps: the webhook answers from them.
+    let (policies_changed_tx, policies_changed) = watch::channel(0u64);
+    let (policies_synced_tx, policies_synced) = watch::channel(false);
+    let (namespaces_synced_tx, namespaces_synced) = watch::channel(false);
+    let (ca_tx, ca_rx) = watch::channel::<Option<Arc<String>>>(None);
+    let (secret_changed_tx, secret_changed) = watch::channel(0u64);
+    let mut background: Vec<JoinHandle<()>> = vec![
+        tokio::spawn(feed_policy_store(
+            policy_api(&client),
+            watcher_config(&settings.policy_selector),
+            Arc::clone(&policies),
+            policies_changed_tx,
+            policies_synced_tx,
+        )),
+        tokio::spawn(feed_namespace_store(
+            Api::all(client.clone()),
+            Arc::clone(&namespaces),
+            namespaces_synced_tx,
+        )),
+        tokio::spawn(load_certificate(
+            Api::namespaced(client.clone(), &settings.namespace),
+            Arc::clone(&resolver),
+            Arc::clone(&metrics),
+            ca_tx,
+            secret_changed_tx,
+        )),
+        tokio::spawn(track_readiness(
+            Arc::clone(&readiness),
+            policies_synced,
+            namespaces_synced,
+        )),
+    ];
+
+    // The election, and the leader's work whenever this replica leads.
+    let (leading_tx, leading_rx) = watch::channel(false);
+    background.push(tokio::spawn(leader::run(
+        Api::<Lease>::namespaced(client.clone(), &settings.namespace),
+        settings.lease.clone(),
+        leading_tx,
+        stop_rx.clone(),
+    )));
+    let supervisor = tokio::spawn(supervise_leadership(
+        client.clone(),
+        settings.clone(),
+        Arc::clone(&metrics),
+        leading_rx,
+        ca_rx,
+        policies_changed,
+        secret_changed,
+    ));
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop_tx.send_replace(true);
+    readiness.set_draining();
+    supervisor.abort();
+    // The election loop releases the Lease on the way out; give it a moment to do so.
+    if let Some(election) = background.pop() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+    }
+    for task in background {
+        task.abort();
+    }
+    let _ = webhook_task.await;
+    let _ = admin_task.await;
+    Ok(())
+}
+
+fn policy_api(client: &Client) -> Api<InjectionPolicy> {
+    Api::all(client.clone())
+}
+
+fn watcher_config(selector: &Option<String>) -> watcher::Config {
+    let config = watcher::Config::default();
+    match selector {
+        Some(s) if !s.is_empty() => config.labels(s),
+        _ => config,
+    }
+}
+
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// A stream that yields once per change of a watch channel.
+fn changes<T: Send + Sync + 'static>(
+    rx: watch::Receiver<T>,
+) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+/// Starts the leader's work whenever this replica becomes leader and stops it, before anything
+/// else can happen, when it stops being leader.
+async fn supervise_leadership(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    mut leading: watch::Receiver<bool>,
+    ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    policies_changed: watch::Receiver<u64>,
+    secret_changed: watch::Receiver<u64>,
+) {
+    loop {
+        if leading.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        tracing::info!("leading: starting the controller");
+        let work = tokio::spawn(lead(
+            client.clone(),
+            settings.clone(),
+            Arc::clone(&metrics),
+            leading.clone(),
+            ca_bundle.clone(),
+            policies_changed.clone(),
+            secret_changed.clone(),
+        ));
+        let lost = leading.wait_for(|l| !*l).await.is_err();
+        work.abort();
+        let _ = work.await;
+        tracing::info!("no longer leading: controller stopped");
+        if lost {
+            return;
+        }
+    }
+}
+
+/// The leader's work: keep the CA Secret, run the controller, sweep orphans. Cancelled (dropped)
+/// when leadership ends.
+async fn lead(
+    client: Client,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    leading: watch::Receiver<bool>,
+    ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    policies_changed: watch::Receiver<u64>,
+    secret_changed: watch::Receiver<u64>,
+) {
+    let ca_task = tokio::spawn(maintain_ca(
+        Api::namespaced(client.clone(), &settings.namespace),
+        settings.namespace.clone(),
+        settings.target.subject_alt_names(),
+        secret_changed,
+    ));
+    let janitor_task = tokio::spawn(sweep_orphans(client.clone(), policies_changed.clone()));
+
+    let policies = policy_api(&client);
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        &settings,
+        controller.store(),
+        ca_bundle.clone(),
+        metrics,
+        leading,
+    ));
+    // Conflicts are pairwise, so any policy's spec change (or a deletion) may change another
+    // policy's status; a new CA changes every caBundle.
+    let everything = futures::stream::select(changes(policies_changed), changes(ca_bundle));
+    controller
+        .owns(
+            configurations,
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
+        )
+        .reconcile_all_on(everything)
+        .with_config(controller::Config::default().concurrency(4))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+    ca_task.abort();
+    janitor_task.abort();
+}
+
+/// Ensures the CA Secret at the start of leadership, whenever the Secret changes (someone deleted
+/// it: recreate it) and hourly (the serving certificate's renewal point).
+async fn maintain_ca(
+    api: Api<Secret>,
+    namespace: String,
+    names: Vec<String>,
+    mut secret_changed: watch::Receiver<u64>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let wait = match ca::ensure(&api, &namespace, &names).await {
+            Ok(_) => {
+                failures = 0;
+                Duration::from_secs(3600)
+            }
+            Err(e) => {
+                failures += 1;
+                let delay = reconcile::backoff(failures).min(Duration::from_secs(30));
+                tracing::warn!(error = %e, kind = e.label(), retry_in = ?delay, "could not ensure the webhook CA Secret");
+                delay
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            changed = secret_changed.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage
+/// collection normally does this first; the sweep covers clusters where it is off or behind.
+async fn sweep_orphans(client: Client, mut policies_changed: watch::Receiver<u64>) {
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let policies = policy_api(&client);
+    loop {
+        if let Err(e) = sweep_once(&configurations, &policies).await {
+            tracing::warn!(error = %e, "orphan sweep failed");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(reconcile::RESYNC) => {}
+            changed = policies_changed.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+async fn sweep_once(
+    configurations: &Api<MutatingWebhookConfiguration>,
+    policies: &Api<InjectionPolicy>,
+) -> Result<(), kube::Error> {
+    let managed = configurations
+        .list_metadata(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
+        .await?;
+    for configuration in managed {
+        let Some(owner) = configuration.owner_references().iter().find(|o| {
+            o.kind == InjectionPolicy::kind(&())
+                && o.api_version == InjectionPolicy::api_version(&())
+        }) else {
+            continue;
+        };
+        let alive = policies.get_opt(&owner.name).await?;
+        if alive.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
+            continue;
+        }
+        let name = configuration.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: configuration.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match configurations.delete(&name, &params).await {
+            Ok(_) => {
+                tracing::info!(configuration = %name, policy = %owner.name, "removed the configuration of a deleted policy")
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the webhook's policy store equal to the managed policies, compiling each policy once
+/// per generation. Signals `changed` when the set of (policy, generation) changes and `synced`
+/// once the first full list is in.
+async fn feed_policy_store(
+    api: Api<InjectionPolicy>,
+    config: watcher::Config,
+    store: Arc<PolicyStore>,
+    changed: watch::Sender<u64>,
+    synced: watch::Sender<bool>,
+) {
+    // (uid, generation) of what is in the store, so status-only updates do not recompile.
+    let mut compiled: HashMap<String, (Option<String>, Option<i64>)> = HashMap::new();
+    let mut listing: Vec<InjectionPolicy> = Vec::new();
+    let bump = |changed: &watch::Sender<u64>| changed.send_modify(|n| *n = n.wrapping_add(1));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(p)) => listing.push(p),
+            Ok(watcher::Event::InitDone) => {
+                let mut entries = Vec::new();
+                let mut keys = HashMap::new();
+                for p in listing.drain(..) {
+                    let name = p.name_any();
+                    let key = (p.metadata.uid.clone(), p.metadata.generation);
+                    let reuse = compiled.get(&name) == Some(&key);
+                    let entry = match store.get(&name) {
+                        Some(existing) if reuse => Some(existing),
+                        _ => compile(&p).map(Arc::new),
+                    };
+                    if let Some(entry) = entry {
+                        entries.push((name.clone(), entry));
+                    }
+                    keys.insert(name, key);
+                }
+                store.replace_all(entries);
+                compiled = keys;
+                bump(&changed);
+                synced.send_replace(true);
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                let name = p.name_any();
+                let key = (p.metadata.uid.clone(), p.metadata.generation);
+                if compiled.get(&name) == Some(&key) {
+                    continue;
+                }
+                match compile(&p) {
+                    Some(c) => {
+                        store.insert(name.clone(), Arc::new(c));
+                    }
+                    None => {
+                        store.remove(&name);
+                    }
+                }
+                compiled.insert(name, key);
+                bump(&changed);
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                let name = p.name_any();
+                store.remove(&name);
+                compiled.remove(&name);
+                bump(&changed);
+            }
+            Err(e) => tracing::warn!(error = %e, "watching InjectionPolicies"),
+        }
+    }
+}
+
+fn compile(policy: &InjectionPolicy) -> Option<CompiledPolicy> {
+    let name = policy.name_any();
+    match CompiledPolicy::compile(
+        &name,
+        policy.metadata.generation.unwrap_or_default(),
+        &policy.spec,
+    ) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(policy = %name, error = %e, "policy does not compile; not serving it");
+            None
+        }
+    }
+}
+
+fn namespace_context(ns: &Namespace) -> NamespaceContext {
+    NamespaceContext {
+        name: ns.name_any(),
+        labels: ns.metadata.labels.clone().unwrap_or_default(),
+        annotations: ns.metadata.annotations.clone().unwrap_or_default(),
+    }
+}
+
+/// Keeps the webhook's namespace store equal to the cluster's namespaces.
+async fn feed_namespace_store(
+    api: Api<Namespace>,
+    store: Arc<NamespaceStore>,
+    synced: watch::Sender<bool>,
+) {
+    let mut listing = Vec::new();
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(ns)) => {
+                listing.push((ns.name_any(), Arc::new(namespace_context(&ns))))
+            }
+            Ok(watcher::Event::InitDone) => {
+                store.replace_all(listing.drain(..));
+                synced.send_replace(true);
+            }
+            Ok(watcher::Event::Apply(ns)) => {
+                let context = namespace_context(&ns);
+                if store.get(&context.name).as_deref() != Some(&context) {
+                    store.insert(context.name.clone(), Arc::new(context));
+                }
+            }
+            Ok(watcher::Event::Delete(ns)) => {
+                store.remove(&ns.name_any());
+            }
+            Err(e) => tracing::warn!(error = %e, "watching Namespaces"),
+        }
+    }
+}
+
+/// Loads the serving certificate from the Secret into the webhook server and publishes the CA
+/// bundle, on every replica; reacts to every change of the Secret.
+async fn load_certificate(
+    api: Api<Secret>,
+    resolver: Arc<CertResolver>,
+    metrics: Arc<Metrics>,
+    ca_bundle: watch::Sender<Option<Arc<String>>>,
+    secret_changed: watch::Sender<u64>,
+) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", ca::SECRET_NAME));
+    let mut events = std::pin::pin!(watcher(api, config).default_backoff().touched_objects());
+    let mut loaded: Option<ca::TlsMaterial> = None;
+    while let Some(event) = events.next().await {
+        let secret = match event {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the webhook TLS Secret");
+                continue;
+            }
+        };
+        secret_changed.send_modify(|n| *n = n.wrapping_add(1));
+        if secret.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let material = match ca::from_secret(&secret) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "the webhook TLS Secret is unusable; keeping the current certificate");
+                continue;
+            }
+        };
+        if loaded.as_ref() == Some(&material) {
+            continue;
+        }
+        if let Err(e) = resolver.swap_pem(material.cert_pem.as_bytes(), material.key_pem.as_bytes())
+        {
+            tracing::warn!(error = %e, "the serving certificate does not load; keeping the current one");
+            continue;
+        }
+        for (label, pem) in [
+            ("serving", &material.cert_pem),
+            ("ca", &material.ca_cert_pem),
+        ] {
+            if let Ok(info) = ca::inspect(pem, label) {
+                metrics.set_certificate_expiry(label, info.not_after);
+            }
+        }
+        tracing::info!(secret = ca::SECRET_NAME, "serving certificate loaded");
+        ca_bundle.send_if_modified(|current| {
+            let same = current.as_deref() == Some(&material.ca_cert_pem);
+            if !same {
+                *current = Some(Arc::new(material.ca_cert_pem.clone()));
+            }
+            !same
+        });
+        loaded = Some(material);
+    }
+}
+
+/// Ready once both caches listed everything (the certificate is checked by `Readiness` itself).
+async fn track_readiness(
+    readiness: Arc<Readiness>,
+    mut policies: watch::Receiver<bool>,
+    mut namespaces: watch::Receiver<bool>,
+) {
+    let _ = policies.wait_for(|s| *s).await;
+    let _ = namespaces.wait_for(|s| *s).await;
+    readiness.set_caches_synced(true);
+    tracing::info!("policy and namespace caches synced");
+}
