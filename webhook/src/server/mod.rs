@@ -58,15 +58,8 @@ pub struct WebhookConfig {
 impl WebhookConfig {
     /// Production defaults; `own_namespace` is added to the mandatory exclusions.
     pub fn new(own_namespace: &str) -> Self {
-        let mut namespaces: Vec<String> = splice_crds::ALWAYS_EXCLUDED_NAMESPACES
-            .iter()
-            .map(|n| (*n).to_owned())
-            .collect();
-        if !own_namespace.is_empty() && !namespaces.iter().any(|n| n == own_namespace) {
-            namespaces.push(own_namespace.to_owned());
-        }
         WebhookConfig {
-            exclusions: Exclusions { namespaces },
+            exclusions: Exclusions::default_for(own_namespace),
             max_body_bytes: MAX_BODY_BYTES,
             idle_timeout: Duration::from_secs(120),
             header_read_timeout: Duration::from_secs(10),
