@@ -34,4 +34,15 @@ build kube-scheduler "$here" k8s.io/kubernetes/cmd/kube-scheduler "$ldflags"
 build kubectl "$here" k8s.io/kubernetes/cmd/kubectl "$ldflags"
 build agnhost "$here" k8s.io/kubernetes/test/images/agnhost "-s -w"
 build kwok "$here/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
+
+# kwok ships its lifecycle stages as data in its module; gather the "fast" set (what kwokctl uses:
+# nodes Ready at once, heartbeats through Leases, pods Running at once) into one config file.
+if [ ! -s "$bin/kwok-stages.yaml" ]; then
+  stages=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+  for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+           pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"; cat "$stages/$f"
+  done > "$bin/kwok-stages.yaml.tmp"
+  mv "$bin/kwok-stages.yaml.tmp" "$bin/kwok-stages.yaml"
+fi
 echo "$bin"

@@ -1,1 +1,226 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: a client for the local control plane, a namespace per
+//! test, and child processes that are always stopped.
+//!
+//! The tests run against the real control plane that `e2e/run-e2e.sh` (or `make up`) starts; they
+//! never touch the addresses kwok invents for pods and nodes: every connection is to 127.0.0.1.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// Where `make up` writes the admin kubeconfig.
+pub fn kubeconfig_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("SPLICE_KUBECONFIG") {
+        return p.into();
+    }
+    let run_dir = std::env::var_os("SPLICE_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home().join(".cache"));
+            cache.join("splice/run")
+        });
+    run_dir.join("kubeconfig")
+}
+
+fn home() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"))
+}
+
+/// The directory holding the control-plane binaries (kubectl, agnhost …).
+pub fn controlplane_bin_dir() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SPLICE_CONTROLPLANE_BIN") {
+        return Ok(p.into());
+    }
+    let script = repo_root().join("e2e/controlplane/build.sh");
+    let out = Command::new(&script)
+        .arg("--print-bin-dir")
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
+}
+
+/// The repository root (the parent of this crate).
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A client for the local control plane, as the admin user.
+pub async fn client() -> Result<Client> {
+    let path = kubeconfig_path();
+    let kubeconfig = Kubeconfig::read_from(&path).with_context(|| {
+        format!(
+            "reading {} (is the control plane up? run `make up`)",
+            path.display()
+        )
+    })?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A namespace owned by one test, deleted when dropped.
+pub struct TestNamespace {
+    pub client: Client,
+    pub name: String,
+}
+
+impl TestNamespace {
+    /// Creates `<prefix>-<random suffix>` with `labels`.
+    pub async fn create(prefix: &str, labels: &[(&str, &str)]) -> Result<Self> {
+        let client = client().await?;
+        let name = format!("{prefix}-{}", unique_suffix());
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        // Pods cannot be created until the controller-manager has made the default ServiceAccount.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        wait_until(
+            Duration::from_secs(30),
+            "the default ServiceAccount",
+            || async { Ok(sas.get_opt("default").await?.is_some()) },
+        )
+        .await?;
+        Ok(Self { client, name })
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        in_fresh_runtime(move |client| async move {
+            let _ = Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
+    }
+}
+
+/// Runs cleanup from `Drop`. It needs a runtime and a client of its own: the test's client drives
+/// its connection from a task on the test's runtime, which is blocked while `drop` runs.
+pub fn in_fresh_runtime<F, Fut>(work: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Ok(client) = client().await {
+                work(client).await;
+            }
+        });
+    })
+    .join();
+}
+
+/// A suffix unique across tests and runs (time-based, with the process id).
+pub fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}{:x}{n}", std::process::id() & 0xfff, nanos & 0xffff)
+}
+
+/// Polls `check` every 200 ms until it returns true or `timeout` passes.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if Instant::now() >= deadline {
+            match last_err {
+                Some(e) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last error: {e:#}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests on one machine).
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped, so a failing test leaves nothing.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn spawn(cmd: &mut Command) -> Result<Self> {
+        Ok(Self(
+            cmd.spawn().with_context(|| format!("spawning {cmd:?}"))?,
+        ))
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+pub async fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
+    wait_until(
+        timeout,
+        &format!("127.0.0.1:{port} to accept connections"),
+        || async move {
+            Ok(tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok())
+        },
+    )
+    .await
+}

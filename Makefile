@@ -1,0 +1,45 @@
+# Splice: see README.md. Every target works from a fresh clone.
+SHELL := /bin/bash
+CP := e2e/controlplane
+RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
+export KUBECONFIG := $(RUN_DIR)/kubeconfig
+BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
+
+.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine
+
+all: build
+
+build:
+	cargo build -p splice
+
+## Build the control-plane programs (cached outside the repo; a warm build does nothing).
+controlplane:
+	$(CP)/build.sh
+
+up: controlplane
+	$(CP)/up.sh
+
+down:
+	$(CP)/down.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+unit:
+	cargo test --workspace --exclude splice-e2e
+
+## The e2e suite against a control plane it starts and always stops.
+e2e: controlplane
+	cargo build -p splice
+	cargo test -p splice-e2e --no-run
+	e2e/run-e2e.sh
+
+## Everything CI runs.
+test: lint unit e2e
+
+demo: controlplane
+	e2e/demo.sh
+
+bench-engine:
+	cargo bench -p splice-webhook --bench engine

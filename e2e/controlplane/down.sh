@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Stops exactly the processes up.sh recorded and removes the run folder.
+#   down.sh [--keep-logs]   --keep-logs leaves the run folder for inspection (used when up fails)
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=common.sh
+source "$here/common.sh"
+
+[ -d "$RUN_DIR" ] || { echo "no control plane at $RUN_DIR"; exit 0; }
+# Reverse start order: kwok and the controllers first, etcd last, so nothing logs a dead backend.
+order="kwok kube-scheduler kube-controller-manager kube-apiserver etcd"
+for name in $order; do
+  f="$RUN_DIR/pids/$name.pid"
+  [ -f "$f" ] || continue
+  pid=$(cat "$f")
+  kill -TERM "$pid" 2>/dev/null || continue
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true
+done
+for pid in $(recorded_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+if [ "${1:-}" = "--keep-logs" ]; then
+  echo "control plane stopped; logs kept in $RUN_DIR/logs"
+else
+  rm -rf "$RUN_DIR"
+  echo "control plane stopped and $RUN_DIR removed"
+fi

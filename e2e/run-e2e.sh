@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Starts a fresh control plane, runs the e2e suite against it, and always stops it.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cp="$root/e2e/controlplane"
+"$cp/up.sh" || exit 1
+trap '"$cp/down.sh" >/dev/null' EXIT
+export SPLICE_BIN="${SPLICE_BIN:-$root/target/debug/splice}"
+export SPLICE_CONTROLPLANE_BIN="$("$cp/build.sh" --print-bin-dir)"
+# Tests share one API server: two threads keep the load predictable on a 2-core machine.
+cargo test -p splice-e2e -- --test-threads="${SPLICE_E2E_THREADS:-2}" "$@"
