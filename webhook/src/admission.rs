@@ -225,10 +225,8 @@ pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
     let namespace = text(request.namespace).unwrap_or_default();
     let object = request.object.filter(|o| o.get() != "null");
     if is_pod {
-        if let Some(op) = operation.injectable().map(|_| operation.as_str()) {
-            if object.is_none() {
-                return Err(ReviewError::NoObject(op));
-            }
+        if operation.injectable().is_some() && object.is_none() {
+            return Err(ReviewError::NoObject(operation.as_str()));
         }
         if namespace.is_empty() {
             return Err(ReviewError::NoNamespace);

@@ -1,6 +1,6 @@
 //! Test harness: a CA, serving certificates, a running server and a raw HTTP/1.1-over-TLS client
 //! (raw so tests can send malformed and trickled requests).
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

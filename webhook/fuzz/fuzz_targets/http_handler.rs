@@ -1,0 +1,112 @@
+//! Raw bytes → an HTTP/1.1 request (parsed with httparse) → the webhook's request handler, with a
+//! real compiled policy loaded and no TLS. Checks, beyond "no panic":
+//! - the status is one the handler is documented to return;
+//! - a 200 is an allowing AdmissionReview echoing a non-empty uid;
+//! - a patch, when present, is base64 JSON Patch that applies cleanly to the request's object.
+#![no_main]
+
+use std::sync::{Arc, LazyLock};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use libfuzzer_sys::fuzz_target;
+use splice_webhook::engine::CompiledPolicy;
+use splice_webhook::metrics::Metrics;
+use splice_webhook::server::{Handler, WebhookConfig};
+use splice_webhook::store::{NamespaceStore, PolicyStore};
+
+const POLICY: &str = include_str!("../../testdata/policy-sidecar.yaml");
+
+struct Harness {
+    runtime: tokio::runtime::Runtime,
+    handler: Handler,
+}
+
+static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
+    let policy: splice_crds::InjectionPolicy =
+        serde_yaml::from_str(POLICY).expect("the fixture policy parses");
+    let name = policy
+        .metadata
+        .name
+        .clone()
+        .expect("the fixture policy has a name");
+    let compiled = CompiledPolicy::compile(&name, 1, &policy.spec).expect("the fixture compiles");
+    let policies = Arc::new(PolicyStore::new());
+    policies.insert(name, Arc::new(compiled));
+    let mut config = WebhookConfig::new("splice-system");
+    config.null_handler = true;
+    let handler = Handler::new(
+        config,
+        policies,
+        Arc::new(NamespaceStore::new()),
+        Arc::new(Metrics::new()),
+        None,
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    Harness { runtime, handler }
+});
+
+fn parse(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let httparse::Status::Complete(head_len) = parsed.parse(data).ok()? else {
+        return None;
+    };
+    let mut builder = http::Request::builder()
+        .method(parsed.method?)
+        .uri(parsed.path?);
+    for header in parsed.headers.iter() {
+        let name = http::HeaderName::from_bytes(header.name.as_bytes()).ok()?;
+        let value = http::HeaderValue::from_bytes(header.value).ok()?;
+        builder = builder.header(name, value);
+    }
+    let body = Bytes::copy_from_slice(data.get(head_len..)?);
+    builder.body(Full::new(body)).ok()
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some(request) = parse(data) else {
+        return;
+    };
+    let body_in = request.body().clone();
+    let harness = &*HARNESS;
+    let response = harness.runtime.block_on(harness.handler.handle(request));
+    let status = response.status().as_u16();
+    assert!(
+        matches!(status, 200 | 400 | 404 | 405 | 413 | 415 | 500),
+        "unexpected status {status}"
+    );
+    let body_out = harness
+        .runtime
+        .block_on(response.into_body().collect())
+        .expect("a Full body cannot fail")
+        .to_bytes();
+    if status == 500 {
+        // Engine errors are fine; a caught engine panic is a bug (and libFuzzer's panic hook
+        // aborts on it before we get here anyway).
+        assert!(!body_out.starts_with(b"splice could not compute the injection: internal error"));
+    }
+    if status != 200 {
+        return;
+    }
+    let review: serde_json::Value = serde_json::from_slice(&body_out).expect("a 200 carries JSON");
+    let response = &review["response"];
+    assert_eq!(response["allowed"], true);
+    let Some(patch) = response.get("patch").and_then(|p| p.as_str()) else {
+        return;
+    };
+    assert_eq!(response["patchType"], "JSONPatch");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .expect("the patch is base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("the patch is JSON Patch");
+    let sent: serde_json::Value =
+        serde_json::from_slice(&body_in).expect("a patched request had a JSON body");
+    let mut object = sent["request"]["object"].clone();
+    json_patch::patch(&mut object, &patch)
+        .expect("the patch applies to the object it was made for");
+});
