@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 mod crd;
 mod explain;
 mod inject;
+mod offline;
+mod offline_diff;
 mod run;
 mod simulate;
 mod webhook;

@@ -1,9 +1,661 @@
+//! `splice simulate`: replays the API server's mutating chain for one pod, with the webhook's own
+//! engine: every policy's webhook in name order, then one reinvocation pass for the `IfNeeded` ones
+//! a later webhook's change concerns. `--all-orders` replays every order and reports which
+//! policies' results depend on it, and where.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use serde_json::Value;
+use splice_crds::{Operation, STATUS_ANNOTATION};
 
-pub fn main(_args: Args) -> ExitCode {
-    eprintln!("error: `splice simulate` is not built yet");
-    ExitCode::from(2)
+use super::offline::{
+    self, Admission, ChainError, InputError, LoadedPolicy, NamespaceArgs, Outcome, Pass,
+    Reinvocation, Source, Step, describe, skip_text,
+};
+use super::offline_diff::{self, Depth, LogicalPath, Norm, Seg};
+
+/// `--all-orders` replays n! orders; 8! = 40320 is still a few seconds, 9! is not.
+const MAX_ALL_ORDERS_POLICIES: usize = 8;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// InjectionPolicy files (several documents each, or directories of them).
+    #[arg(short = 'p', long = "policy", value_name = "POLICY.yaml", required = true, num_args = 1..)]
+    policies: Vec<PathBuf>,
+    /// The pod to admit (or a workload, whose pod template is admitted); `-` reads stdin.
+    #[arg(short = 'f', long = "filename", value_name = "POD.yaml")]
+    file: PathBuf,
+    #[command(flatten)]
+    namespace: NamespaceArgs,
+    /// Replay every order of the policies and report the ones whose result depends on it;
+    /// exit 1 when any does.
+    #[arg(long)]
+    all_orders: bool,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    match run(&args) {
+        Ok((text, code)) => {
+            let mut stdout = std::io::stdout().lock();
+            if let Err(e) = stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                eprintln!("error: cannot write the output: {e}");
+                return ExitCode::from(2);
+            }
+            code
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The pod being admitted and where it came from.
+struct Subject {
+    file: String,
+    document: usize,
+    /// `Pod default/web`, `Deployment shop/api (pod template)`.
+    title: String,
+    pod: Value,
+    own_namespace: Option<String>,
+}
+
+impl Subject {
+    fn error(&self, message: impl Into<String>) -> InputError {
+        InputError::document(&self.file, self.document, message).with_subject(self.title.clone())
+    }
+}
+
+fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
+    args.namespace
+        .validate()
+        .map_err(|e| InputError::file("--namespace-label", e))?;
+    let policies = offline::load_policies(&args.policies)?;
+    let subject = read_subject(&args.file)?;
+    let namespace = args.namespace.context(subject.own_namespace.as_deref());
+    let exclusions = args.namespace.exclusions();
+    let admission = Admission {
+        operation: Operation::Create,
+        namespace: &namespace,
+        exclusions: &exclusions,
+    };
+
+    let mut out = String::new();
+    let labels: Vec<String> = namespace
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "{}: CREATE in namespace {} (labels: {})",
+        subject.title,
+        namespace.name,
+        labels.join(", ")
+    );
+
+    if args.all_orders {
+        if policies.len() > MAX_ALL_ORDERS_POLICIES {
+            return Err(InputError::file(
+                "--all-orders",
+                format!(
+                    "compares every order of at most {MAX_ALL_ORDERS_POLICIES} policies \
+                     ({} orders); got {} policies: pass fewer -p files",
+                    factorial(MAX_ALL_ORDERS_POLICIES),
+                    policies.len()
+                ),
+            ));
+        }
+        let analysis = all_orders(&policies, &subject, admission)?;
+        let code = analysis.render(&policies, &mut out);
+        return Ok((out, code));
+    }
+
+    let order: Vec<usize> = (0..policies.len()).collect();
+    let (_, steps) = offline::run_chain(&policies, &order, subject.pod.clone(), admission)
+        .map_err(|e| subject.error(e.to_string()))?;
+    render_steps(&policies, &steps, &mut out);
+    Ok((out, ExitCode::SUCCESS))
+}
+
+fn read_subject(path: &std::path::Path) -> Result<Subject, InputError> {
+    let source = Source::read(path)?;
+    let docs = offline::documents(&source)?;
+    let [doc] = docs.as_slice() else {
+        return Err(InputError::file(
+            &source.name,
+            format!(
+                "expected exactly one Pod (or workload) document, found {}",
+                docs.len()
+            ),
+        ));
+    };
+    let at = |message: String| InputError::document(&source.name, doc.index, message);
+    let object = offline::to_json(&doc.value).map_err(at)?;
+    let text = |key: &str| object.get(key).and_then(Value::as_str);
+    let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
+        let field = if text("apiVersion").is_none() {
+            "apiVersion"
+        } else {
+            "kind"
+        };
+        return Err(at("missing or not a string".to_owned()).with_field(field));
+    };
+    let Some(pointer) = offline::pod_pointer(api_version, kind) else {
+        return Err(at(format!(
+            "{api_version} {kind} holds no pod: expected a Pod, Deployment, StatefulSet, \
+             DaemonSet, ReplicaSet, Job or CronJob"
+        ))
+        .with_field("kind"));
+    };
+    let mut title = describe(&object);
+    if !pointer.is_empty() {
+        title.push_str(" (pod template)");
+    }
+    let pod = object
+        .pointer(pointer)
+        .filter(|p| p.is_object())
+        .cloned()
+        .ok_or_else(|| {
+            at("missing or not an object".to_owned())
+                .with_field(pointer.trim_start_matches('/').replace('/', "."))
+        })?;
+    Ok(Subject {
+        file: source.name.clone(),
+        document: doc.index,
+        own_namespace: object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        title,
+        pod,
+    })
+}
+
+fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {
+    let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
+    let _ = writeln!(out, "webhooks in name order: {}", names.join(", "));
+    let mut changed_by: Vec<&str> = Vec::new();
+    let mut announced_reinvocation = false;
+    for (i, step) in steps.iter().enumerate() {
+        if step.pass == Pass::Reinvocation && !announced_reinvocation {
+            let _ = writeln!(
+                out,
+                "reinvocation pass (IfNeeded webhooks that ran before a later webhook's change):"
+            );
+            announced_reinvocation = true;
+        }
+        let name = names[step.policy];
+        let pass = match step.pass {
+            Pass::First => "",
+            Pass::Reinvocation => " (reinvoked)",
+        };
+        match &step.outcome {
+            Outcome::Skipped(reason) => {
+                let _ = writeln!(
+                    out,
+                    "step {}: {name}{pass}: not called: {}",
+                    i + 1,
+                    skip_text(*reason)
+                );
+            }
+            Outcome::Patched { patch, warnings } => {
+                let ops = patch.as_array().map(Vec::as_slice).unwrap_or_default();
+                if ops.is_empty() {
+                    let _ = writeln!(out, "step {}: {name}{pass}: no change", i + 1);
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "step {}: {name}{pass}: patch with {} operation{}{}",
+                        i + 1,
+                        ops.len(),
+                        if ops.len() == 1 { "" } else { "s" },
+                        if step.changed {
+                            ""
+                        } else {
+                            " (the pod does not change)"
+                        }
+                    );
+                    for op in ops {
+                        let _ = writeln!(out, "    {op}");
+                    }
+                    if step.changed && !changed_by.contains(&name) {
+                        changed_by.push(name);
+                    }
+                }
+                for w in warnings {
+                    let _ = writeln!(out, "    warning: {w}");
+                }
+            }
+        }
+    }
+    if changed_by.is_empty() {
+        let _ = writeln!(out, "result: unchanged");
+    } else {
+        let _ = writeln!(out, "result: changed by {}", changed_by.join(", "));
+    }
+}
+
+/// One distinct outcome over all orders.
+struct Group {
+    result: Result<Norm, ChainError>,
+    orders: u64,
+    /// The first order (in lexicographic order of policy indexes) that gives it.
+    example: Vec<usize>,
+}
+
+struct Analysis {
+    orders: u64,
+    groups: Vec<Group>,
+    /// Per policy, the logical leaf paths its webhook changed in any order.
+    touched: Vec<BTreeSet<LogicalPath>>,
+}
+
+/// A distinct pod met while replaying orders.
+struct State {
+    object: Value,
+    norm: Norm,
+}
+
+/// What calling one webhook on one state gives.
+#[derive(Clone, Copy)]
+struct Call {
+    called: bool,
+    changed: bool,
+    next: usize,
+}
+
+/// Replays every order of the policies. Pods that are equal as Kubernetes reads them (see
+/// `offline_diff`) are one state, and each webhook is called once per state, so the n! orders cost
+/// table look-ups rather than n! · 2n engine calls. The approximation: a policy whose output
+/// depends on the order of named items (say, a template reading `pod.spec.containers[0]`) is
+/// assumed to give the same pod for the same items in another order.
+struct Explorer<'a> {
+    policies: &'a [LoadedPolicy],
+    admission: Admission<'a>,
+    states: Vec<State>,
+    by_canonical: HashMap<String, usize>,
+    calls: HashMap<(usize, usize), Result<Call, ChainError>>,
+    touched: Vec<BTreeSet<LogicalPath>>,
+    /// Outcome → its group index.
+    groups: Vec<(Result<usize, ChainError>, u64, Vec<usize>)>,
+    group_of_state: HashMap<usize, usize>,
+    group_of_error: HashMap<String, usize>,
+    orders: u64,
+}
+
+fn all_orders(
+    policies: &[LoadedPolicy],
+    subject: &Subject,
+    admission: Admission<'_>,
+) -> Result<Analysis, InputError> {
+    let mut explorer = Explorer {
+        policies,
+        admission,
+        states: Vec::new(),
+        by_canonical: HashMap::new(),
+        calls: HashMap::new(),
+        touched: vec![BTreeSet::new(); policies.len()],
+        groups: Vec::new(),
+        group_of_state: HashMap::new(),
+        group_of_error: HashMap::new(),
+        orders: 0,
+    };
+    let start = explorer.intern(subject.pod.clone());
+    let mut prefix = Vec::with_capacity(policies.len());
+    let mut remaining: Vec<usize> = (0..policies.len()).collect();
+    explorer.explore(start, &Reinvocation::default(), &mut prefix, &mut remaining);
+
+    // The same failure in every order is not about order: it is a broken policy or pod.
+    if let [(Err(e), _, _)] = explorer.groups.as_slice() {
+        return Err(subject.error(e.to_string()));
+    }
+    let Explorer {
+        states,
+        groups,
+        touched,
+        orders,
+        ..
+    } = explorer;
+    let groups = groups
+        .into_iter()
+        .map(|(result, orders, example)| Group {
+            result: result.map(|s| states[s].norm.clone()),
+            orders,
+            example,
+        })
+        .collect();
+    Ok(Analysis {
+        orders,
+        groups,
+        touched,
+    })
+}
+
+impl Explorer<'_> {
+    fn intern(&mut self, object: Value) -> usize {
+        let norm = offline_diff::normalize(&object);
+        let key = norm.canonical();
+        if let Some(&id) = self.by_canonical.get(&key) {
+            return id;
+        }
+        let id = self.states.len();
+        self.states.push(State { object, norm });
+        self.by_canonical.insert(key, id);
+        id
+    }
+
+    fn call(&mut self, index: usize, state: usize) -> Result<Call, ChainError> {
+        if let Some(known) = self.calls.get(&(index, state)) {
+            return known.clone();
+        }
+        let result = offline::call_webhook(
+            &self.policies[index],
+            index,
+            Pass::First,
+            &self.states[state].object,
+            self.admission,
+        )
+        .map(|(step, next)| {
+            let next = next.map_or(state, |object| self.intern(object));
+            if next != state {
+                let touched = offline_diff::diff(
+                    &self.states[state].norm,
+                    &self.states[next].norm,
+                    Depth::Leaves,
+                );
+                self.touched[index].extend(touched);
+            }
+            Call {
+                called: step.called(),
+                changed: step.changed,
+                next,
+            }
+        });
+        self.calls.insert((index, state), result.clone());
+        result
+    }
+
+    fn explore(
+        &mut self,
+        state: usize,
+        reinvocation: &Reinvocation,
+        prefix: &mut Vec<usize>,
+        remaining: &mut Vec<usize>,
+    ) {
+        if remaining.is_empty() {
+            self.reinvocation_pass(state, reinvocation.clone(), prefix);
+            return;
+        }
+        for i in 0..remaining.len() {
+            let index = remaining.remove(i);
+            prefix.push(index);
+            match self.call(index, state) {
+                Ok(call) => {
+                    let mut next = reinvocation.clone();
+                    next.record(
+                        index,
+                        call.called,
+                        call.changed,
+                        self.policies[index].reinvocation,
+                    );
+                    self.explore(call.next, &next, prefix, remaining);
+                }
+                Err(e) => {
+                    // Every completion of this prefix fails the same way.
+                    let mut example = prefix.clone();
+                    example.extend(remaining.iter().copied());
+                    self.add(Err(e), factorial(remaining.len()), example);
+                }
+            }
+            prefix.pop();
+            remaining.insert(i, index);
+        }
+    }
+
+    fn reinvocation_pass(
+        &mut self,
+        mut state: usize,
+        mut reinvocation: Reinvocation,
+        order: &[usize],
+    ) {
+        for &index in order {
+            if !reinvocation.take(index) {
+                continue;
+            }
+            match self.call(index, state) {
+                Ok(call) => state = call.next,
+                Err(e) => {
+                    let e = ChainError {
+                        message: format!("when reinvoked: {}", e.message),
+                        ..e
+                    };
+                    self.add(Err(e), 1, order.to_vec());
+                    return;
+                }
+            }
+        }
+        self.add(Ok(state), 1, order.to_vec());
+    }
+
+    fn add(&mut self, result: Result<usize, ChainError>, orders: u64, example: Vec<usize>) {
+        self.orders += orders;
+        let known = match &result {
+            Ok(state) => self.group_of_state.get(state),
+            Err(e) => self.group_of_error.get(&e.message),
+        };
+        if let Some(&g) = known {
+            self.groups[g].1 += orders;
+            return;
+        }
+        let g = self.groups.len();
+        match &result {
+            Ok(state) => self.group_of_state.insert(*state, g),
+            Err(e) => self.group_of_error.insert(e.message.clone(), g),
+        };
+        self.groups.push((result, orders, example));
+    }
+}
+
+impl Analysis {
+    fn render(&self, policies: &[LoadedPolicy], out: &mut String) -> ExitCode {
+        let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
+        let order_text = |order: &[usize]| {
+            order
+                .iter()
+                .map(|&i| names[i])
+                .collect::<Vec<_>>()
+                .join(" → ")
+        };
+        if self.groups.len() <= 1 {
+            let _ = writeln!(
+                out,
+                "order-independent: all {} orders of {} polic{} ({}) give the same pod",
+                self.orders,
+                names.len(),
+                if names.len() == 1 { "y" } else { "ies" },
+                names.join(", ")
+            );
+            return ExitCode::SUCCESS;
+        }
+
+        let ok: Vec<(&Group, &Norm)> = self
+            .groups
+            .iter()
+            .filter_map(|g| g.result.as_ref().ok().map(|n| (g, n)))
+            .collect();
+        let mut paths: BTreeSet<LogicalPath> = BTreeSet::new();
+        if let Some((_, baseline)) = ok.first() {
+            for (_, other) in &ok[1..] {
+                paths.extend(offline_diff::diff(baseline, other, Depth::Shallow));
+            }
+        }
+
+        let mut findings: Vec<(LogicalPath, Vec<&str>)> = Vec::new();
+        let mut implicated: BTreeSet<&str> = BTreeSet::new();
+        for path in &paths {
+            let who: Vec<&str> = (0..policies.len())
+                .filter(|&i| self.touched[i].iter().any(|t| t.overlaps(path)))
+                .map(|i| names[i])
+                .collect();
+            implicated.extend(who.iter().copied());
+            findings.push((path.clone(), who));
+        }
+        let failures: Vec<&Group> = self.groups.iter().filter(|g| g.result.is_err()).collect();
+        for g in &failures {
+            // A policy that fails in some orders only depends on what another one injects first.
+            if let Err(e) = &g.result
+                && let Some(name) = names.iter().find(|n| **n == e.policy)
+            {
+                implicated.insert(name);
+            }
+        }
+
+        let _ = writeln!(
+            out,
+            "order-dependent: {} distinct results over {} orders; policies whose order matters: {}",
+            self.groups.len(),
+            self.orders,
+            if implicated.is_empty() {
+                "(could not tell)".to_owned()
+            } else {
+                implicated.iter().copied().collect::<Vec<_>>().join(", ")
+            }
+        );
+        // Splice's provenance annotation differs whenever what each policy injected does; it is
+        // only worth detailing when nothing else differs (two policies injecting the same item).
+        let (provenance, content): (Vec<_>, Vec<_>) = findings
+            .into_iter()
+            .partition(|(path, _)| is_provenance(path));
+        let detailed = if content.is_empty() {
+            provenance.iter().collect::<Vec<_>>()
+        } else {
+            content.iter().collect()
+        };
+        for (path, who) in detailed {
+            let _ = writeln!(out, "\n{path}");
+            let _ = writeln!(
+                out,
+                "  set by: {}",
+                if who.is_empty() {
+                    "(could not tell)".to_owned()
+                } else {
+                    who.join(", ")
+                }
+            );
+            // Distinct values at this path, each with how many orders give it and one of them.
+            let mut values: BTreeMap<String, (u64, &[usize])> = BTreeMap::new();
+            for (g, norm) in &ok {
+                let shown = show(norm, path);
+                let entry = values.entry(shown).or_insert((0, &g.example));
+                entry.0 += g.orders;
+            }
+            for (value, (count, example)) in &values {
+                let _ = writeln!(
+                    out,
+                    "  {value}  in {count} order{}, e.g. {}",
+                    if *count == 1 { "" } else { "s" },
+                    order_text(example)
+                );
+            }
+        }
+        if !content.is_empty() && !provenance.is_empty() {
+            let who: BTreeSet<&str> = provenance
+                .iter()
+                .flat_map(|(_, w)| w.iter().copied())
+                .collect();
+            let _ = writeln!(
+                out,
+                "\n{STATUS_ANNOTATION} differs accordingly (what {} recorded as injected)",
+                who.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
+        for g in failures {
+            if let Err(e) = &g.result {
+                let _ = writeln!(
+                    out,
+                    "\nfails in {} order{}, e.g. {}: {e}",
+                    g.orders,
+                    if g.orders == 1 { "" } else { "s" },
+                    order_text(&g.example)
+                );
+            }
+        }
+        ExitCode::from(1)
+    }
+}
+
+fn is_provenance(path: &LogicalPath) -> bool {
+    matches!(
+        path.0.as_slice(),
+        [Seg::Field(m), Seg::Field(a), Seg::Field(s), ..]
+            if m == "metadata" && a == "annotations" && s == STATUS_ANNOTATION
+    )
+}
+
+/// The value at `path` in one result, compact, for the report.
+fn show(norm: &Norm, path: &LogicalPath) -> String {
+    const MAX: usize = 160;
+    let Some(found) = norm.get(path.value_path()) else {
+        return "(absent)".to_owned();
+    };
+    let text = if path.is_order() {
+        match found {
+            Norm::Keyed {
+                order: Some(order), ..
+            } => format!("order {}", order.join(", ")),
+            other => other.to_value().to_string(),
+        }
+    } else {
+        found.to_value().to_string()
+    };
+    if text.chars().count() > MAX {
+        let cut: String = text.chars().take(MAX).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+fn factorial(n: usize) -> u64 {
+    (1..=n as u64).product()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factorials_count_the_orders() {
+        assert_eq!(factorial(0), 1);
+        assert_eq!(factorial(1), 1);
+        assert_eq!(factorial(8), 40320);
+    }
+
+    #[test]
+    fn a_value_is_shown_compactly_and_absence_is_named() {
+        let norm = offline_diff::normalize(&serde_json::json!({
+            "spec": {"initContainers": [{"name": "b"}, {"name": "a"}], "x": "y".repeat(300)}
+        }));
+        let order = LogicalPath(vec![
+            offline_diff::Seg::Field("spec".into()),
+            offline_diff::Seg::Field("initContainers".into()),
+            offline_diff::Seg::Order,
+        ]);
+        assert_eq!(show(&norm, &order), "order b, a");
+        let absent = LogicalPath(vec![offline_diff::Seg::Field("nope".into())]);
+        assert_eq!(show(&norm, &absent), "(absent)");
+        let long = LogicalPath(vec![
+            offline_diff::Seg::Field("spec".into()),
+            offline_diff::Seg::Field("x".into()),
+        ]);
+        assert!(show(&norm, &long).ends_with('…'));
+    }
 }

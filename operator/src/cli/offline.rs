@@ -1,0 +1,1162 @@
+//! Shared by the offline subcommands (`inject`, `simulate`): reading policy and manifest files,
+//! checking policies the way the API server would at apply time, and replaying the API server's
+//! mutating chain over one pod or pod template with the webhook's own engine.
+//!
+//! Everything here reports bad input as one [`InputError`] naming the file, the document and the
+//! field, so a caller can print a single line and exit 2 without having written anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+use splice_crds::{
+    InjectionPolicySpec, MAX_INJECTED_CONTAINERS, MAX_INJECTED_ENV, MAX_INJECTED_MOUNTS,
+    MAX_INJECTED_VOLUMES, MAX_VALUES, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy,
+};
+use splice_webhook::engine::{
+    self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, PodRequest,
+    SkipReason,
+};
+
+/// The API group and kind a policy document must declare.
+const POLICY_API_VERSION: &str = "splice.dev/v1alpha1";
+const POLICY_KIND: &str = "InjectionPolicy";
+
+/// The namespace Splice is installed into by `deploy/`; pods there are never injected.
+pub(crate) const DEFAULT_SPLICE_NAMESPACE: &str = "splice-system";
+
+/// One problem with the user's input, located as precisely as we can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InputError {
+    pub file: String,
+    /// 1-based index of the YAML document in `file`.
+    pub document: Option<usize>,
+    /// What the document is, when known (`Deployment default/web`, `policy "mesh"`).
+    pub subject: Option<String>,
+    /// Dotted field path inside the document (`spec.timeoutSeconds`).
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl InputError {
+    pub fn file(file: &str, message: impl Into<String>) -> Self {
+        InputError {
+            file: file.to_owned(),
+            document: None,
+            subject: None,
+            field: None,
+            message: message.into(),
+        }
+    }
+
+    pub fn document(file: &str, document: usize, message: impl Into<String>) -> Self {
+        InputError {
+            document: Some(document),
+            ..InputError::file(file, message)
+        }
+    }
+
+    pub fn with_subject(mut self, subject: impl Into<String>) -> Self {
+        self.subject = Some(subject.into());
+        self
+    }
+
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(document) = self.document {
+            write!(f, ": document {document}")?;
+        }
+        if let Some(subject) = &self.subject {
+            write!(f, " ({subject})")?;
+        }
+        if let Some(field) = &self.field {
+            write!(f, ": {field}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// A file given on the command line, read whole.
+pub(crate) struct Source {
+    /// How errors name it: the path as given, or `<stdin>` for `-`.
+    pub name: String,
+    pub text: String,
+}
+
+impl Source {
+    pub fn read(path: &Path) -> Result<Source, InputError> {
+        if path == Path::new("-") {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| InputError::file("<stdin>", format!("cannot read: {e}")))?;
+            return Ok(Source {
+                name: "<stdin>".to_owned(),
+                text,
+            });
+        }
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| InputError::file(&name, format!("cannot read: {e}")))?;
+        Ok(Source { name, text })
+    }
+}
+
+/// One non-empty YAML document of a file.
+pub(crate) struct Document {
+    /// 1-based position in the file, counting empty documents too, so it matches what a reader
+    /// counts by eye between `---` separators.
+    pub index: usize,
+    pub value: serde_yaml::Value,
+}
+
+/// Splits a multi-document YAML (or JSON) file. Empty documents are dropped, as kubectl does; the
+/// first syntax error stops everything, naming the document it is in.
+pub(crate) fn documents(source: &Source) -> Result<Vec<Document>, InputError> {
+    let mut out = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(&source.text).enumerate() {
+        let index = i + 1;
+        let value = serde_yaml::Value::deserialize(de)
+            .map_err(|e| InputError::document(&source.name, index, format!("invalid YAML: {e}")))?;
+        if !value.is_null() {
+            out.push(Document { index, value });
+        }
+    }
+    Ok(out)
+}
+
+/// Converts a YAML document to JSON, the form the engine works on. Keys that are not strings are
+/// stringified (as the Kubernetes YAML decoder does); anything JSON cannot hold is an error.
+pub(crate) fn to_json(value: &serde_yaml::Value) -> Result<Value, String> {
+    serde_json::to_value(value).map_err(|e| format!("cannot be represented as JSON: {e}"))
+}
+
+/// A policy read from a file, checked and compiled.
+pub(crate) struct LoadedPolicy {
+    pub name: String,
+    pub reinvocation: ReinvocationPolicy,
+    pub compiled: CompiledPolicy,
+}
+
+/// Reads every policy in `paths` (files, `-`, or directories of `*.yaml`/`*.yml`/`*.json`), checks
+/// them as the API server would on apply, and compiles them. Returns them in name order, the order
+/// the API server calls their webhooks in.
+pub(crate) fn load_policies(paths: &[PathBuf]) -> Result<Vec<LoadedPolicy>, InputError> {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut policies = Vec::new();
+    for path in expand_paths(paths)? {
+        let source = Source::read(&path)?;
+        let docs = documents(&source)?;
+        if docs.is_empty() {
+            return Err(InputError::file(
+                &source.name,
+                "holds no InjectionPolicy document",
+            ));
+        }
+        for doc in docs {
+            let policy = load_policy(&source.name, &doc)?;
+            let here = format!("{}: document {}", source.name, doc.index);
+            if let Some(first) = seen.insert(policy.name.clone(), here) {
+                return Err(
+                    InputError::document(&source.name, doc.index, "duplicate policy name")
+                        .with_field("metadata.name")
+                        .with_subject(format!(
+                            "policy \"{}\", first defined in {first}",
+                            policy.name
+                        )),
+                );
+            }
+            policies.push(policy);
+        }
+    }
+    policies.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(policies)
+}
+
+fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
+    let mut out = Vec::new();
+    for path in paths {
+        if !path.is_dir() {
+            out.push(path.clone());
+            continue;
+        }
+        let name = path.display().to_string();
+        let entries = std::fs::read_dir(path)
+            .map_err(|e| InputError::file(&name, format!("cannot list: {e}")))?;
+        let mut files = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| InputError::file(&name, format!("cannot list: {e}")))?;
+            let file = entry.path();
+            let wanted = file
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| matches!(e, "yaml" | "yml" | "json"));
+            if wanted && file.is_file() {
+                files.push(file);
+            }
+        }
+        files.sort();
+        out.extend(files);
+    }
+    Ok(out)
+}
+
+/// The parts of a policy document besides `spec`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PolicyMetadata {
+    name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+}
+
+fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
+    let at = |message: String| InputError::document(file, doc.index, message);
+    let map = doc
+        .value
+        .as_mapping()
+        .ok_or_else(|| at("expected an InjectionPolicy object (a YAML mapping)".to_owned()))?;
+    let text_field = |key: &str| map.get(key).and_then(|v| v.as_str());
+
+    let kind = text_field("kind")
+        .ok_or_else(|| at("missing or not a string".to_owned()).with_field("kind"))?;
+    let api_version = text_field("apiVersion")
+        .ok_or_else(|| at("missing or not a string".to_owned()).with_field("apiVersion"))?;
+    if kind != POLICY_KIND {
+        return Err(at(format!(
+            "unknown kind {kind:?} in a policy file (expected {POLICY_KIND})"
+        ))
+        .with_field("kind"));
+    }
+    if api_version != POLICY_API_VERSION {
+        return Err(at(format!(
+            "unsupported apiVersion {api_version:?} (expected {POLICY_API_VERSION})"
+        ))
+        .with_field("apiVersion"));
+    }
+    for key in map.keys() {
+        let known = key
+            .as_str()
+            .is_some_and(|k| matches!(k, "apiVersion" | "kind" | "metadata" | "spec" | "status"));
+        if !known {
+            return Err(at("unknown field".to_owned()).with_field(yaml_key(key)));
+        }
+    }
+
+    let metadata: PolicyMetadata = deserialize_located(
+        map.get("metadata")
+            .cloned()
+            .unwrap_or(serde_yaml::Value::Null),
+        "metadata",
+        false,
+    )
+    .map_err(|(field, message)| at(message).with_field(field))?;
+    let name = metadata
+        .name
+        .ok_or_else(|| at("missing".to_owned()).with_field("metadata.name"))?;
+    if let Err(problem) = check_object_name(&name) {
+        return Err(at(problem).with_field("metadata.name"));
+    }
+    let at = |message: String| at(message).with_subject(format!("policy \"{name}\""));
+
+    let spec_value = map
+        .get("spec")
+        .cloned()
+        .unwrap_or_else(|| serde_yaml::Value::Mapping(serde_yaml::Mapping::new()));
+    let spec: InjectionPolicySpec = deserialize_located(spec_value, "spec", true)
+        .map_err(|(field, message)| at(message).with_field(field))?;
+    check_spec(&spec).map_err(|v| at(v.message).with_field(v.field))?;
+
+    // A policy read from a file has never been through the API server, so it has no generation;
+    // 1 is what the API server gives a freshly created object.
+    let generation = metadata.generation.unwrap_or(1);
+    // Compile errors name the policy and the template field themselves.
+    let compiled = CompiledPolicy::compile(&name, generation, &spec)
+        .map_err(|e| InputError::document(file, doc.index, e.to_string()))?;
+    Ok(LoadedPolicy {
+        name,
+        reinvocation: spec.reinvocation_policy,
+        compiled,
+    })
+}
+
+fn yaml_key(key: &serde_yaml::Value) -> String {
+    match key {
+        serde_yaml::Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .map(|s| s.trim_end().to_owned())
+            .unwrap_or_else(|_| "?".to_owned()),
+    }
+}
+
+/// Deserializes `value` into `T`, and on failure returns the dotted path of the offending field
+/// (prefixed with `root`). With `strict`, a field `T` does not know is an error too, as with
+/// `kubectl apply`'s strict field validation: a typo must not silently drop part of a policy.
+fn deserialize_located<T: serde::de::DeserializeOwned>(
+    value: serde_yaml::Value,
+    root: &str,
+    strict: bool,
+) -> Result<T, (String, String)> {
+    let mut unknown: Vec<String> = Vec::new();
+    let mut record = |path: serde_ignored::Path<'_>| unknown.push(ignored_path(&path));
+    let wrapped = serde_ignored::Deserializer::new(value, &mut record);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(wrapped);
+    match parsed {
+        Ok(v) => {
+            if strict && let Some(first) = unknown.first() {
+                return Err((join_field(root, first), "unknown field".to_owned()));
+            }
+            Ok(v)
+        }
+        Err(e) => {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                root.to_owned()
+            } else {
+                join_field(root, &path)
+            };
+            Err((field, e.into_inner().to_string()))
+        }
+    }
+}
+
+fn join_field(root: &str, rest: &str) -> String {
+    if rest.is_empty() {
+        root.to_owned()
+    } else if root.is_empty() || rest.starts_with('[') {
+        format!("{root}{rest}")
+    } else {
+        format!("{root}.{rest}")
+    }
+}
+
+/// Renders a path from `serde_ignored` the way `serde_path_to_error` renders its own.
+fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path as P;
+    match path {
+        P::Root => String::new(),
+        P::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
+        P::Map { parent, key } => join_field(&ignored_path(parent), key),
+        P::Some { parent } | P::NewtypeStruct { parent } | P::NewtypeVariant { parent } => {
+            ignored_path(parent)
+        }
+    }
+}
+
+/// `metadata.name` of a policy becomes part of a webhook name (`<name>.splice.dev`) and of a
+/// configuration name (`splice-<name>`), so it must be a DNS-1123 subdomain.
+fn check_object_name(name: &str) -> Result<(), String> {
+    let valid_label = |label: &str| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(valid_label) {
+        return Err(format!(
+            "{name:?} is not a valid name: lowercase letters, digits, '-' and '.', \
+             starting and ending with a letter or digit, at most 253 characters"
+        ));
+    }
+    Ok(())
+}
+
+/// A field that breaks one of the rules the CRD's schema and CEL rules enforce at apply time.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Violation {
+    pub field: String,
+    pub message: String,
+}
+
+fn violation(field: impl Into<String>, message: impl Into<String>) -> Violation {
+    Violation {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// Capabilities that amount to privileged content; keep in step with the CRD's CEL rule.
+const PRIVILEGED_CAPABILITIES: [&str; 6] = [
+    "ALL",
+    "SYS_ADMIN",
+    "NET_ADMIN",
+    "NET_RAW",
+    "SYS_PTRACE",
+    "SYS_MODULE",
+];
+
+/// The checks the API server runs on an InjectionPolicy from the CRD's schema bounds and CEL rules
+/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would.
+pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
+    if !(1..=30).contains(&spec.timeout_seconds) {
+        return Err(violation(
+            "spec.timeoutSeconds",
+            format!("must be between 1 and 30, got {}", spec.timeout_seconds),
+        ));
+    }
+    if spec.operations.is_empty() || spec.operations.len() > 2 {
+        return Err(violation(
+            "spec.operations",
+            "must list CREATE, UPDATE or both",
+        ));
+    }
+    if spec.operations.iter().collect::<BTreeSet<_>>().len() != spec.operations.len() {
+        return Err(violation("spec.operations", "operations must not repeat"));
+    }
+    if spec.values.len() > MAX_VALUES {
+        return Err(too_many("spec.values", spec.values.len(), MAX_VALUES));
+    }
+
+    let t = &spec.template;
+    let bounds = [
+        (
+            "initContainers",
+            t.init_containers.len(),
+            MAX_INJECTED_CONTAINERS,
+        ),
+        ("containers", t.containers.len(), MAX_INJECTED_CONTAINERS),
+        ("volumes", t.volumes.len(), MAX_INJECTED_VOLUMES),
+        ("env", t.env.len(), MAX_INJECTED_ENV),
+        ("volumeMounts", t.volume_mounts.len(), MAX_INJECTED_MOUNTS),
+        ("labels", t.labels.len(), MAX_VALUES),
+        ("annotations", t.annotations.len(), MAX_VALUES),
+    ];
+    for (field, len, max) in bounds {
+        if len > max {
+            return Err(too_many(&format!("spec.template.{field}"), len, max));
+        }
+    }
+
+    // Containers and init containers share one namespace of names in a pod.
+    let container_names = t
+        .init_containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            (
+                format!("spec.template.initContainers[{i}].name"),
+                c.name.as_str(),
+            )
+        })
+        .chain(t.containers.iter().enumerate().map(|(i, c)| {
+            (
+                format!("spec.template.containers[{i}].name"),
+                c.name.as_str(),
+            )
+        }));
+    unique("container", container_names)?;
+    unique(
+        "volume",
+        t.volumes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("spec.template.volumes[{i}].name"), v.name.as_str())),
+    )?;
+    unique(
+        "env var",
+        t.env
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (format!("spec.template.env[{i}].name"), e.name.as_str())),
+    )?;
+    unique(
+        "mount path",
+        t.volume_mounts.iter().enumerate().map(|(i, m)| {
+            (
+                format!("spec.template.volumeMounts[{i}].mountPath"),
+                m.mount_path.as_str(),
+            )
+        }),
+    )?;
+
+    if !spec.allow_privileged {
+        check_unprivileged(spec)?;
+    }
+    Ok(())
+}
+
+fn too_many(field: &str, len: usize, max: usize) -> Violation {
+    violation(field, format!("at most {max} items, got {len}"))
+}
+
+fn unique<'a>(what: &str, items: impl Iterator<Item = (String, &'a str)>) -> Result<(), Violation> {
+    let mut seen: BTreeMap<&str, String> = BTreeMap::new();
+    for (field, name) in items {
+        if name.is_empty() {
+            return Err(violation(field, "required"));
+        }
+        if let Some(first) = seen.get(name) {
+            return Err(violation(
+                field,
+                format!("duplicate {what} {name:?} (also at {first})"),
+            ));
+        }
+        seen.insert(name, field);
+    }
+    Ok(())
+}
+
+fn check_unprivileged(spec: &InjectionPolicySpec) -> Result<(), Violation> {
+    const HINT: &str = "is only allowed when spec.allowPrivileged is true";
+    let t = &spec.template;
+    let containers = t
+        .init_containers
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (format!("spec.template.initContainers[{i}]"), c))
+        .chain(
+            t.containers
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (format!("spec.template.containers[{i}]"), c)),
+        );
+    for (at, c) in containers {
+        if let Some(sc) = &c.security_context {
+            if sc.privileged == Some(true) {
+                return Err(violation(
+                    format!("{at}.securityContext.privileged"),
+                    format!("a privileged container {HINT}"),
+                ));
+            }
+            let added = sc
+                .capabilities
+                .as_ref()
+                .and_then(|caps| caps.add.as_ref())
+                .into_iter()
+                .flatten()
+                .enumerate();
+            for (j, cap) in added {
+                if PRIVILEGED_CAPABILITIES.contains(&cap.as_str()) {
+                    return Err(violation(
+                        format!("{at}.securityContext.capabilities.add[{j}]"),
+                        format!("adding the {cap} capability {HINT}"),
+                    ));
+                }
+            }
+        }
+        for (j, port) in c.ports.iter().flatten().enumerate() {
+            if port.host_port.is_some_and(|p| p != 0) {
+                return Err(violation(
+                    format!("{at}.ports[{j}].hostPort"),
+                    format!("a host port (a host network namespace binding) {HINT}"),
+                ));
+            }
+        }
+    }
+    for (i, v) in t.volumes.iter().enumerate() {
+        if v.host_path.is_some() {
+            return Err(violation(
+                format!("spec.template.volumes[{i}].hostPath"),
+                format!("a hostPath volume {HINT}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Parses `K=V` for `--namespace-label`.
+pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    if k.is_empty() {
+        return Err(format!(
+            "expected KEY=VALUE with a non-empty KEY, got {s:?}"
+        ));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// The namespace flags shared by `inject` and `simulate`.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct NamespaceArgs {
+    /// Namespace the pods are admitted into [default: each document's metadata.namespace, else
+    /// `default`].
+    #[arg(long, short = 'n', value_name = "NAME")]
+    pub namespace: Option<String>,
+    /// A label of that namespace, for namespace selectors and templates (repeatable). The label
+    /// kubernetes.io/metadata.name=<namespace> is always set, as the API server does.
+    #[arg(long = "namespace-label", value_name = "K=V", value_parser = parse_label)]
+    pub namespace_labels: Vec<(String, String)>,
+    /// Splice's own namespace, never injected (like kube-system and kube-node-lease).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_SPLICE_NAMESPACE)]
+    pub splice_namespace: String,
+}
+
+impl NamespaceArgs {
+    /// Rejects flag combinations the API server could never produce.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some((_, v)) = self
+            .namespace_labels
+            .iter()
+            .find(|(k, _)| k == NAMESPACE_NAME_LABEL)
+            && let Some(ns) = &self.namespace
+            && v != ns
+        {
+            return Err(format!(
+                "--namespace-label {NAMESPACE_NAME_LABEL}={v} contradicts --namespace {ns}: \
+                 the API server always sets that label to the namespace's own name"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The context for an object whose own `metadata.namespace` is `own`.
+    pub fn context(&self, own: Option<&str>) -> NamespaceContext {
+        let name = self
+            .namespace
+            .as_deref()
+            .or(own)
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default")
+            .to_owned();
+        let mut labels: BTreeMap<String, String> = self.namespace_labels.iter().cloned().collect();
+        labels.insert(NAMESPACE_NAME_LABEL.to_owned(), name.clone());
+        NamespaceContext {
+            name,
+            labels,
+            annotations: BTreeMap::new(),
+        }
+    }
+
+    pub fn exclusions(&self) -> Exclusions {
+        Exclusions::default_for(&self.splice_namespace)
+    }
+}
+
+/// Which pass of the API server's mutating chain a call belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    First,
+    Reinvocation,
+}
+
+/// What one webhook call did.
+#[derive(Clone, Debug)]
+pub(crate) enum Outcome {
+    /// The webhook would not have been called (selectors, exclusions, opt-out) or declined.
+    Skipped(SkipReason),
+    /// The webhook answered with this JSON Patch (an empty array when nothing changed).
+    Patched { patch: Value, warnings: Vec<String> },
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Step {
+    /// Index into the policy slice the chain ran over.
+    pub policy: usize,
+    pub pass: Pass,
+    pub outcome: Outcome,
+    /// Whether the object differs after the patch, which is what the API server looks at to
+    /// decide on reinvocation.
+    pub changed: bool,
+}
+
+impl Step {
+    /// Whether the API server would have called the webhook at all.
+    pub fn called(&self) -> bool {
+        matches!(self.outcome, Outcome::Patched { .. })
+    }
+}
+
+/// A failure inside the chain: the engine refused the object, or produced a patch that does not
+/// apply (which would be an engine bug, reported rather than panicked on).
+#[derive(Clone, Debug)]
+pub(crate) struct ChainError {
+    pub policy: String,
+    /// The whole message, naming the policy.
+    pub message: String,
+}
+
+impl fmt::Display for ChainError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// The environment one chain runs in.
+#[derive(Clone, Copy)]
+pub(crate) struct Admission<'a> {
+    pub operation: Operation,
+    pub namespace: &'a NamespaceContext,
+    pub exclusions: &'a Exclusions,
+}
+
+/// Calls the webhook of `policy` on `object` as the API server would, and applies its patch.
+/// Returns the step and, when the object changed, the new object.
+pub(crate) fn call_webhook(
+    policy: &LoadedPolicy,
+    index: usize,
+    pass: Pass,
+    object: &Value,
+    admission: Admission<'_>,
+) -> Result<(Step, Option<Value>), ChainError> {
+    let fail = |message: String| ChainError {
+        policy: policy.name.clone(),
+        message: format!("policy {}: {message}", policy.name),
+    };
+    let text = serde_json::to_string(object)
+        .map_err(|e| fail(format!("cannot serialize the object: {e}")))?;
+    let request = PodRequest {
+        operation: admission.operation,
+        object: &text,
+        namespace: admission.namespace,
+        exclusions: admission.exclusions,
+    };
+    let decision = match engine::inject(&policy.compiled, &request) {
+        Ok(decision) => decision,
+        // Render errors already name the policy and the template field.
+        Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {
+            return Err(ChainError {
+                policy: policy.name.clone(),
+                message: e.to_string(),
+            });
+        }
+        Err(e) => return Err(fail(e.to_string())),
+    };
+    let injection = match decision {
+        Decision::Skip(reason) => {
+            let step = Step {
+                policy: index,
+                pass,
+                outcome: Outcome::Skipped(reason),
+                changed: false,
+            };
+            return Ok((step, None));
+        }
+        Decision::Inject(injection) => injection,
+    };
+    let patch: Value = serde_json::from_slice(&injection.patch)
+        .map_err(|e| fail(format!("the engine returned an unreadable patch: {e}")))?;
+    let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+        .map_err(|e| fail(format!("the engine returned an invalid patch: {e}")))?;
+    let mut next = None;
+    if !ops.0.is_empty() {
+        let mut patched = object.clone();
+        json_patch::patch(&mut patched, &ops)
+            .map_err(|e| fail(format!("the engine's patch does not apply: {e}")))?;
+        if patched != *object {
+            next = Some(patched);
+        }
+    }
+    let step = Step {
+        policy: index,
+        pass,
+        outcome: Outcome::Patched {
+            patch,
+            warnings: injection.warnings,
+        },
+        changed: next.is_some(),
+    };
+    Ok((step, next))
+}
+
+/// The API server's bookkeeping for its single reinvocation pass: a webhook's change marks every
+/// `IfNeeded` webhook called *before* it (never itself) to be called once more; a webhook whose
+/// selectors did not match was not called, so it is never marked.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Reinvocation {
+    invoked: BTreeSet<usize>,
+    marked: BTreeSet<usize>,
+}
+
+impl Reinvocation {
+    /// Records a first-pass call of webhook `index`: whether the API server called it at all
+    /// (its selectors matched), whether it changed the object, and its reinvocation policy.
+    pub fn record(
+        &mut self,
+        index: usize,
+        called: bool,
+        changed: bool,
+        policy: ReinvocationPolicy,
+    ) {
+        if changed {
+            self.marked.append(&mut self.invoked);
+        }
+        if called && policy == ReinvocationPolicy::IfNeeded {
+            self.invoked.insert(index);
+        }
+    }
+
+    /// Whether webhook `index` is called in the reinvocation pass; at most once.
+    pub fn take(&mut self, index: usize) -> bool {
+        self.marked.remove(&index)
+    }
+}
+
+/// Runs the whole chain in `order` (indexes into `policies`): the first pass, then the
+/// reinvocation pass (a webhook is called at most twice per request, so changes made in that
+/// pass mark nothing). Returns the final object and every call.
+pub(crate) fn run_chain(
+    policies: &[LoadedPolicy],
+    order: &[usize],
+    mut object: Value,
+    admission: Admission<'_>,
+) -> Result<(Value, Vec<Step>), ChainError> {
+    let mut reinvocation = Reinvocation::default();
+    let mut steps = Vec::with_capacity(order.len());
+    for &index in order {
+        let policy = &policies[index];
+        let (step, next) = call_webhook(policy, index, Pass::First, &object, admission)?;
+        reinvocation.record(index, step.called(), step.changed, policy.reinvocation);
+        object = next.unwrap_or(object);
+        steps.push(step);
+    }
+    for &index in order {
+        if reinvocation.take(index) {
+            let (step, next) = call_webhook(
+                &policies[index],
+                index,
+                Pass::Reinvocation,
+                &object,
+                admission,
+            )?;
+            object = next.unwrap_or(object);
+            steps.push(step);
+        }
+    }
+    Ok((object, steps))
+}
+
+/// Where the pod (template) sits in a manifest of a kind the admission chain would see pods
+/// from, as a JSON pointer; `None` for kinds that do not hold pods.
+pub(crate) fn pod_pointer(api_version: &str, kind: &str) -> Option<&'static str> {
+    let group = api_version
+        .rsplit_once('/')
+        .map(|(group, _)| group)
+        .unwrap_or("");
+    match (group, kind) {
+        ("", "Pod") => Some(""),
+        ("apps", "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet") => {
+            Some("/spec/template")
+        }
+        ("batch", "Job") => Some("/spec/template"),
+        ("batch", "CronJob") => Some("/spec/jobTemplate/spec/template"),
+        _ => None,
+    }
+}
+
+/// `Kind namespace/name` (or `Kind name`), to name a document in messages.
+pub(crate) fn describe(object: &Value) -> String {
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("object");
+    let meta = object.get("metadata");
+    let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(Value::as_str);
+    match (field("namespace"), field("name").or(field("generateName"))) {
+        (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+        (None, Some(name)) => format!("{kind} {name}"),
+        _ => kind.to_owned(),
+    }
+}
+
+/// Renders one skip reason for people.
+pub(crate) fn skip_text(reason: SkipReason) -> &'static str {
+    match reason {
+        SkipReason::ExcludedNamespace => "the namespace is always excluded",
+        SkipReason::OptedOut => "the pod opted out (splice.dev/inject: \"false\")",
+        SkipReason::NamespaceNotSelected => "the namespaceSelector does not select the namespace",
+        SkipReason::ObjectNotSelected => "the objectSelector does not select the pod",
+        SkipReason::OperationNotConfigured => "the policy is not configured for this operation",
+        SkipReason::NotAPod => "the object is not a pod",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(text: &str) -> Source {
+        Source {
+            name: "test.yaml".to_owned(),
+            text: text.to_owned(),
+        }
+    }
+
+    fn spec(yaml: &str) -> InjectionPolicySpec {
+        serde_yaml::from_str(yaml).expect("spec")
+    }
+
+    fn policy_doc(text: &str) -> Result<LoadedPolicy, InputError> {
+        let docs = documents(&source(text))?;
+        load_policy("test.yaml", &docs[0])
+    }
+
+    #[test]
+    fn documents_are_numbered_as_written_and_empty_ones_are_dropped() {
+        let docs = documents(&source("a: 1\n---\n---\nb: 2\n---\n")).expect("parses");
+        let got: Vec<(usize, String)> = docs
+            .iter()
+            .map(|d| (d.index, serde_yaml::to_string(&d.value).expect("yaml")))
+            .collect();
+        assert_eq!(
+            got,
+            vec![(1, "a: 1\n".to_owned()), (3, "b: 2\n".to_owned())]
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_names_the_document_it_is_in() {
+        let err = documents(&source("a: 1\n---\nb: [1, 2\n"))
+            .err()
+            .expect("fails");
+        assert_eq!(err.document, Some(2));
+        assert!(err.message.starts_with("invalid YAML"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_file_has_no_documents() {
+        assert!(documents(&source("")).expect("parses").is_empty());
+        assert!(
+            documents(&source("# only a comment\n"))
+                .expect("parses")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_wrongly_typed_policy_field_is_reported_with_its_path() {
+        let doc = "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: p}\n\
+                   spec:\n  timeoutSeconds: x\n";
+        let err = documents(&source(doc))
+            .and_then(|d| load_policy("test.yaml", &d[0]))
+            .err()
+            .expect("fails");
+        assert_eq!(err.field.as_deref(), Some("spec.timeoutSeconds"));
+        assert!(err.message.contains("invalid type: string \"x\""), "{err}");
+    }
+
+    #[test]
+    fn a_nested_field_error_carries_list_indexes() {
+        let (field, _) = deserialize_located::<InjectionPolicySpec>(
+            serde_yaml::from_str("template: {containers: [{name: a}, {name: b, image: [1]}]}")
+                .expect("yaml"),
+            "spec",
+            true,
+        )
+        .expect_err("fails");
+        assert_eq!(field, "spec.template.containers[1].image");
+    }
+
+    #[test]
+    fn a_misspelt_policy_field_is_an_error_not_silently_dropped() {
+        let (field, message) = deserialize_located::<InjectionPolicySpec>(
+            serde_yaml::from_str("template: {containers: [{name: a, imagee: x}]}").expect("yaml"),
+            "spec",
+            true,
+        )
+        .expect_err("fails");
+        assert_eq!(field, "spec.template.containers[0].imagee");
+        assert_eq!(message, "unknown field");
+    }
+
+    #[test]
+    fn an_unknown_kind_in_a_policy_file_is_an_error() {
+        let err = policy_doc("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+            .err()
+            .expect("fails");
+        assert_eq!(err.field.as_deref(), Some("kind"));
+        assert!(err.message.contains("ConfigMap"), "{err}");
+    }
+
+    #[test]
+    fn a_policy_without_a_valid_name_is_an_error() {
+        let err = policy_doc("apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nspec: {}\n")
+            .err()
+            .expect("fails");
+        assert_eq!(err.field.as_deref(), Some("metadata.name"));
+        let err = policy_doc(
+            "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: Mesh_Proxy}\n",
+        )
+        .err()
+        .expect("fails");
+        assert_eq!(err.field.as_deref(), Some("metadata.name"));
+    }
+
+    #[test]
+    fn timeout_seconds_must_be_between_1_and_30() {
+        for bad in [0, 31, -1] {
+            let v = check_spec(&spec(&format!("timeoutSeconds: {bad}"))).expect_err("fails");
+            assert_eq!(v.field, "spec.timeoutSeconds");
+        }
+        assert!(check_spec(&spec("timeoutSeconds: 30")).is_ok());
+        assert!(check_spec(&spec("timeoutSeconds: 1")).is_ok());
+    }
+
+    #[test]
+    fn repeated_operations_are_refused() {
+        let v = check_spec(&spec("operations: [CREATE, CREATE]")).expect_err("fails");
+        assert_eq!(v.field, "spec.operations");
+        let v = check_spec(&spec("operations: []")).expect_err("fails");
+        assert_eq!(v.field, "spec.operations");
+    }
+
+    #[test]
+    fn an_init_container_and_a_container_may_not_share_a_name() {
+        let v = check_spec(&spec(
+            "template: {initContainers: [{name: proxy}], containers: [{name: proxy}]}",
+        ))
+        .expect_err("fails");
+        assert_eq!(v.field, "spec.template.containers[0].name");
+        assert!(
+            v.message.contains("spec.template.initContainers[0].name"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn duplicate_volumes_env_and_mount_paths_are_refused() {
+        let cases = [
+            (
+                "template: {volumes: [{name: a, emptyDir: {}}, {name: a, emptyDir: {}}]}",
+                "spec.template.volumes[1].name",
+            ),
+            (
+                "template: {env: [{name: A}, {name: A}]}",
+                "spec.template.env[1].name",
+            ),
+            (
+                "template: {volumeMounts: [{name: a, mountPath: /x}, {name: b, mountPath: /x}]}",
+                "spec.template.volumeMounts[1].mountPath",
+            ),
+        ];
+        for (yaml, field) in cases {
+            assert_eq!(check_spec(&spec(yaml)).expect_err(yaml).field, field);
+        }
+    }
+
+    #[test]
+    fn privileged_content_needs_allow_privileged() {
+        let cases = [
+            (
+                "template: {containers: [{name: a, securityContext: {privileged: true}}]}",
+                "spec.template.containers[0].securityContext.privileged",
+            ),
+            (
+                "template: {initContainers: [{name: a, securityContext: {capabilities: {add: [CHOWN, NET_ADMIN]}}}]}",
+                "spec.template.initContainers[0].securityContext.capabilities.add[1]",
+            ),
+            (
+                "template: {containers: [{name: a, ports: [{containerPort: 80, hostPort: 80}]}]}",
+                "spec.template.containers[0].ports[0].hostPort",
+            ),
+            (
+                "template: {volumes: [{name: a, hostPath: {path: /var}}]}",
+                "spec.template.volumes[0].hostPath",
+            ),
+        ];
+        for (yaml, field) in cases {
+            let v = check_spec(&spec(yaml)).expect_err(yaml);
+            assert_eq!(v.field, field);
+            assert!(v.message.contains("allowPrivileged"), "{v:?}");
+            assert!(check_spec(&spec(&format!("allowPrivileged: true\n{yaml}"))).is_ok());
+        }
+        let harmless = "template: {containers: [{name: a, securityContext: {capabilities: {add: [CHOWN]}, privileged: false}, ports: [{containerPort: 80}]}]}";
+        assert!(check_spec(&spec(harmless)).is_ok());
+    }
+
+    #[test]
+    fn bounds_on_list_lengths_follow_the_crd() {
+        let env: Vec<String> = (0..=MAX_INJECTED_ENV)
+            .map(|i| format!("{{name: E{i}}}"))
+            .collect();
+        let v = check_spec(&spec(&format!("template: {{env: [{}]}}", env.join(","))))
+            .expect_err("fails");
+        assert_eq!(v.field, "spec.template.env");
+    }
+
+    #[test]
+    fn namespace_labels_parse_as_key_value() {
+        assert_eq!(
+            parse_label("mesh=enabled"),
+            Ok(("mesh".into(), "enabled".into()))
+        );
+        assert_eq!(parse_label("a=b=c"), Ok(("a".into(), "b=c".into())));
+        assert_eq!(parse_label("empty="), Ok(("empty".into(), String::new())));
+        assert!(parse_label("novalue").is_err());
+        assert!(parse_label("=v").is_err());
+    }
+
+    #[test]
+    fn the_namespace_name_label_is_always_set_like_the_api_server_does() {
+        let args = NamespaceArgs {
+            namespace: None,
+            namespace_labels: vec![("mesh".into(), "enabled".into())],
+            splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
+        };
+        let ctx = args.context(Some("shop"));
+        assert_eq!(ctx.name, "shop");
+        assert_eq!(
+            ctx.labels.get(NAMESPACE_NAME_LABEL).map(String::as_str),
+            Some("shop")
+        );
+        assert_eq!(ctx.labels.get("mesh").map(String::as_str), Some("enabled"));
+        assert_eq!(args.context(None).name, "default");
+        let forced = NamespaceArgs {
+            namespace: Some("prod".into()),
+            ..args
+        };
+        assert_eq!(forced.context(Some("shop")).name, "prod");
+    }
+
+    #[test]
+    fn a_contradictory_namespace_name_label_is_refused() {
+        let args = NamespaceArgs {
+            namespace: Some("prod".into()),
+            namespace_labels: vec![(NAMESPACE_NAME_LABEL.into(), "dev".into())],
+            splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
+        };
+        assert!(args.validate().is_err());
+    }
+
+    #[test]
+    fn pods_and_the_six_workload_kinds_hold_pods_and_nothing_else_does() {
+        assert_eq!(pod_pointer("v1", "Pod"), Some(""));
+        for kind in ["Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"] {
+            assert_eq!(pod_pointer("apps/v1", kind), Some("/spec/template"));
+        }
+        assert_eq!(pod_pointer("batch/v1", "Job"), Some("/spec/template"));
+        assert_eq!(
+            pod_pointer("batch/v1", "CronJob"),
+            Some("/spec/jobTemplate/spec/template")
+        );
+        assert_eq!(pod_pointer("v1", "ConfigMap"), None);
+        // Same kind name, someone else's API group: not ours to touch.
+        assert_eq!(pod_pointer("example.com/v1", "Deployment"), None);
+        assert_eq!(pod_pointer("example.com/v1", "Pod"), None);
+    }
+
+    #[test]
+    fn every_example_policy_parses_and_compiles() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+        let mut found = 0;
+        for entry in std::fs::read_dir(&dir).expect("examples/ exists") {
+            let path = entry.expect("entry").path();
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            if !text.contains("kind: InjectionPolicy") {
+                continue;
+            }
+            let loaded =
+                load_policies(std::slice::from_ref(&path)).unwrap_or_else(|e| panic!("{e}"));
+            found += loaded.len();
+        }
+        assert!(found >= 2, "expected the example policies, found {found}");
+    }
+}

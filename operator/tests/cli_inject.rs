@@ -1,0 +1,619 @@
+//! `splice inject`, run as a user would.
+
+mod cli_support;
+
+use cli_support::{Workspace, env_policy, names, pod, sidecar_policy, splice, splice_with_stdin};
+use serde_json::Value;
+
+fn inject(ws: &Workspace, policies: &[&str], manifests: &str, extra: &[&str]) -> cli_support::Run {
+    let manifests = ws.file("manifests.yaml", manifests);
+    let mut args: Vec<String> = vec!["inject".into()];
+    for (i, p) in policies.iter().enumerate() {
+        args.push("-p".into());
+        args.push(
+            ws.file(&format!("policy-{i}.yaml"), p)
+                .display()
+                .to_string(),
+        );
+    }
+    args.push("-f".into());
+    args.push(manifests.display().to_string());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    splice(args)
+}
+
+const CONFIG_MAP: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  namespace: shop
+data:
+  port: "8080"
+  enabled: "true"
+  text: |
+    line one
+    line two
+"#;
+
+const SERVICE: &str = r#"apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  namespace: shop
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+"#;
+
+fn workload(api_version: &str, kind: &str) -> String {
+    let pod_template = r#"
+      metadata:
+        labels: {app: web}
+      spec:
+        containers:
+          - name: app
+            image: registry.example/app:1.0"#;
+    match kind {
+        "CronJob" => format!(
+            "apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: web, namespace: shop}}\n\
+             spec:\n  schedule: \"*/5 * * * *\"\n  jobTemplate:\n    spec:\n      template:{}\n",
+            pod_template.replace("\n      ", "\n          ")
+        ),
+        _ => format!(
+            "apiVersion: {api_version}\nkind: {kind}\nmetadata: {{name: web, namespace: shop}}\n\
+             spec:\n  selector: {{matchLabels: {{app: web}}}}\n  template:{}\n",
+            pod_template.replace("\n      ", "\n    ")
+        ),
+    }
+}
+
+fn pod_spec_of(doc: &Value) -> &Value {
+    match doc["kind"].as_str() {
+        Some("Pod") => &doc["spec"],
+        Some("CronJob") => &doc["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => &doc["spec"]["template"]["spec"],
+    }
+}
+
+fn assert_injected(doc: &Value, policy: &str) {
+    let spec = pod_spec_of(doc);
+    assert!(
+        names(spec, "initContainers").contains(&format!("{policy}-proxy")),
+        "{policy}-proxy not injected into {}: {doc:#}",
+        doc["kind"]
+    );
+    assert!(
+        names(spec, "volumes").contains(&format!("{policy}-data")),
+        "{doc:#}"
+    );
+    assert_eq!(names(spec, "containers"), vec!["app"], "{doc:#}");
+    let env = spec["containers"][0]["env"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        env.iter().any(|e| e["name"].as_str()
+            == Some(&format!(
+                "INJECTED_BY_{}",
+                policy.to_uppercase().replace('-', "_")
+            ))),
+        "{doc:#}"
+    );
+}
+
+fn assert_not_injected(doc: &Value) {
+    let spec = pod_spec_of(doc);
+    assert!(names(spec, "initContainers").is_empty(), "{doc:#}");
+    assert!(spec.get("volumes").is_none(), "{doc:#}");
+}
+
+#[test]
+fn a_pod_gets_the_sidecar_the_volume_and_the_env_var() {
+    let ws = Workspace::new();
+    let run = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        &pod("web", "shop", "{app: web}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let docs = run.documents();
+    assert_eq!(docs.len(), 1);
+    assert_injected(&docs[0], "mesh");
+    let env = &docs[0]["spec"]["containers"][0]["env"][0];
+    assert_eq!(
+        env["value"], "mesh in shop",
+        "templates see the policy and the namespace"
+    );
+    assert!(
+        docs[0]["metadata"]["annotations"]["splice.dev/status"].is_string(),
+        "provenance recorded: {:#}",
+        docs[0]
+    );
+}
+
+#[test]
+fn every_workload_kind_gets_its_pod_template_injected() {
+    let kinds = [
+        ("apps/v1", "Deployment"),
+        ("apps/v1", "StatefulSet"),
+        ("apps/v1", "DaemonSet"),
+        ("apps/v1", "ReplicaSet"),
+        ("batch/v1", "Job"),
+        ("batch/v1", "CronJob"),
+    ];
+    let manifests: Vec<String> = kinds.iter().map(|(a, k)| workload(a, k)).collect();
+    let ws = Workspace::new();
+    let run = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        &manifests.join("---\n"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let docs = run.documents();
+    assert_eq!(docs.len(), kinds.len());
+    for (doc, (_, kind)) in docs.iter().zip(kinds) {
+        assert_eq!(doc["kind"], kind);
+        assert_injected(doc, "mesh");
+        // The workload itself is left alone: only its pod template changes.
+        assert!(doc["metadata"].get("annotations").is_none(), "{doc:#}");
+    }
+}
+
+#[test]
+fn other_documents_pass_through_unchanged_and_in_order() {
+    let ws = Workspace::new();
+    let input = [
+        CONFIG_MAP,
+        &pod("web", "shop", "{app: web}"),
+        SERVICE,
+        "apiVersion: example.com/v1\nkind: Deployment\nmetadata: {name: not-apps}\nspec: {template: {spec: {containers: [{name: x}]}}}\n",
+        "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\nspec: {size: 3, ratio: 1.5, tags: [a, b]}\n",
+    ]
+    .join("---\n");
+    let run = inject(&ws, &[&sidecar_policy("mesh", "")], &input, &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let docs = run.documents();
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "Pod", "Service", "Deployment", "Widget"]
+    );
+
+    let original = cli_support::documents(&input);
+    for i in [0, 2, 3, 4] {
+        assert_eq!(docs[i], original[i], "document {} changed", i + 1);
+    }
+    assert_injected(&docs[1], "mesh");
+    // Strings that look like numbers or booleans stay strings.
+    assert_eq!(docs[0]["data"]["port"], "8080");
+    assert_eq!(docs[0]["data"]["enabled"], "true");
+}
+
+#[test]
+fn manifests_can_come_from_stdin() {
+    let ws = Workspace::new();
+    let policy = ws.file("p.yaml", &sidecar_policy("mesh", ""));
+    let run = splice_with_stdin(
+        ["inject", "-p", policy.to_str().expect("utf-8"), "-f", "-"],
+        &pod("web", "shop", "{app: web}"),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_injected(&run.documents()[0], "mesh");
+}
+
+#[test]
+fn check_exits_1_naming_what_would_change_and_0_when_nothing_would() {
+    let ws = Workspace::new();
+    let input = [CONFIG_MAP, &workload("apps/v1", "Deployment")].join("---\n");
+    let run = inject(&ws, &[&sidecar_policy("mesh", "")], &input, &["--check"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    assert!(run.stdout.is_empty(), "{run:?}");
+    assert!(run.stderr.contains("document 2"), "{run:?}");
+    assert!(run.stderr.contains("Deployment shop/web"), "{run:?}");
+    assert!(run.stderr.contains("mesh"), "{run:?}");
+    assert!(
+        !run.stderr.contains("document 1"),
+        "the ConfigMap does not change: {run:?}"
+    );
+
+    let nothing_to_do = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        CONFIG_MAP,
+        &["--check"],
+    );
+    assert_eq!(nothing_to_do.code, 0, "{nothing_to_do:?}");
+}
+
+#[test]
+fn injecting_its_own_output_changes_nothing() {
+    let ws = Workspace::new();
+    let policies = [
+        sidecar_policy("mesh", ""),
+        env_policy("logging", "LOG_FORMAT", "json"),
+    ];
+    let policies: Vec<&str> = policies.iter().map(String::as_str).collect();
+    let input = [
+        pod("web", "shop", "{app: web}"),
+        workload("apps/v1", "Deployment"),
+        workload("batch/v1", "CronJob"),
+        CONFIG_MAP.to_owned(),
+    ]
+    .join("---\n");
+    let first = inject(&ws, &policies, &input, &[]);
+    assert_eq!(first.code, 0, "{first:?}");
+
+    let again = inject(&ws, &policies, &first.stdout, &["--check"]);
+    assert_eq!(
+        again.code, 0,
+        "a second pass would change something: {again:?}"
+    );
+    let second = inject(&ws, &policies, &first.stdout, &[]);
+    assert_eq!(second.stdout, first.stdout);
+}
+
+#[test]
+fn json_output_is_an_object_for_one_document_and_a_list_for_several() {
+    let ws = Workspace::new();
+    let policy = sidecar_policy("mesh", "");
+    let one = inject(&ws, &[&policy], &pod("web", "shop", "{}"), &["-o", "json"]);
+    assert_eq!(one.code, 0, "{one:?}");
+    let v = one.json();
+    assert_eq!(v["kind"], "Pod");
+    assert_injected(&v, "mesh");
+
+    let input = [CONFIG_MAP, &pod("web", "shop", "{}")].join("---\n");
+    let several = inject(&ws, &[&policy], &input, &["-o", "json"]);
+    assert_eq!(several.code, 0, "{several:?}");
+    let v = several.json();
+    assert_eq!(v["apiVersion"], "v1");
+    assert_eq!(v["kind"], "List");
+    assert_eq!(v["items"][0]["kind"], "ConfigMap");
+    assert_eq!(v["items"][0]["data"]["port"], "8080");
+    assert_injected(&v["items"][1], "mesh");
+}
+
+#[test]
+fn the_namespace_selector_sees_the_namespace_labels_given_on_the_command_line() {
+    let ws = Workspace::new();
+    let policy = sidecar_policy(
+        "mesh",
+        "  namespaceSelector: {matchLabels: {mesh: enabled}}",
+    );
+    let input = pod("web", "shop", "{app: web}");
+
+    let unlabelled = inject(&ws, &[&policy], &input, &[]);
+    assert_eq!(unlabelled.code, 0, "{unlabelled:?}");
+    assert_not_injected(&unlabelled.documents()[0]);
+
+    let labelled = inject(
+        &ws,
+        &[&policy],
+        &input,
+        &["--namespace-label", "mesh=enabled"],
+    );
+    assert_eq!(labelled.code, 0, "{labelled:?}");
+    assert_injected(&labelled.documents()[0], "mesh");
+}
+
+#[test]
+fn the_namespace_name_label_is_set_like_the_api_server_does() {
+    let ws = Workspace::new();
+    let policy = sidecar_policy(
+        "mesh",
+        "  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: payments}}",
+    );
+    let input = pod("web", "shop", "{app: web}");
+    let in_shop = inject(&ws, &[&policy], &input, &[]);
+    assert_not_injected(&in_shop.documents()[0]);
+    let in_payments = inject(&ws, &[&policy], &input, &["--namespace", "payments"]);
+    assert_eq!(in_payments.code, 0, "{in_payments:?}");
+    let doc = &in_payments.documents()[0];
+    assert_injected(doc, "mesh");
+    assert_eq!(
+        doc["spec"]["containers"][0]["env"][0]["value"],
+        "mesh in payments"
+    );
+}
+
+#[test]
+fn a_pod_in_kube_system_is_never_injected() {
+    let ws = Workspace::new();
+    let run = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        &pod("dns", "kube-system", "{}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_not_injected(&run.documents()[0]);
+    let forced = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        &pod("dns", "shop", "{}"),
+        &["--namespace", "kube-system", "--check"],
+    );
+    assert_eq!(forced.code, 0, "{forced:?}");
+}
+
+#[test]
+fn a_pod_labelled_inject_false_is_never_injected() {
+    let ws = Workspace::new();
+    let input = pod("web", "shop", r#"{app: web, splice.dev/inject: "false"}"#);
+    let run = inject(&ws, &[&sidecar_policy("mesh", "")], &input, &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_not_injected(&run.documents()[0]);
+}
+
+#[test]
+fn policies_apply_in_name_order_whatever_the_command_line_order() {
+    let ws = Workspace::new();
+    let a = sidecar_policy("alpha", "");
+    let b = sidecar_policy("beta", "");
+    let input = workload("apps/v1", "Deployment");
+    let ab = inject(&ws, &[&a, &b], &input, &[]);
+    let ba = inject(&ws, &[&b, &a], &input, &[]);
+    assert_eq!(ab.code, 0, "{ab:?}");
+    assert_eq!(ab.stdout, ba.stdout);
+    assert_injected(&ab.documents()[0], "alpha");
+    assert_injected(&ab.documents()[0], "beta");
+}
+
+#[test]
+fn one_policy_file_may_hold_several_policies() {
+    let ws = Workspace::new();
+    let both = format!(
+        "{}---\n{}",
+        sidecar_policy("alpha", ""),
+        sidecar_policy("beta", "")
+    );
+    let run = inject(&ws, &[&both], &pod("web", "shop", "{}"), &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_injected(&run.documents()[0], "alpha");
+    assert_injected(&run.documents()[0], "beta");
+}
+
+/// Bad input: exit 2, one error line naming the file, the document and the field, no output.
+fn assert_refused(run: &cli_support::Run, needles: &[&str]) {
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stdout.is_empty(), "partial output: {run:?}");
+    assert!(run.stderr.starts_with("error: "), "{run:?}");
+    assert_eq!(run.stderr.trim_end().lines().count(), 1, "{run:?}");
+    for needle in needles {
+        assert!(run.stderr.contains(needle), "missing {needle:?}: {run:?}");
+    }
+}
+
+#[test]
+fn a_wrongly_typed_policy_field_is_refused_naming_file_document_and_field() {
+    let ws = Workspace::new();
+    let bad = format!(
+        "{}---\n{}",
+        sidecar_policy("good", ""),
+        sidecar_policy("bad", "  timeoutSeconds: x")
+    );
+    let run = inject(&ws, &[&bad], &pod("web", "shop", "{}"), &[]);
+    assert_refused(
+        &run,
+        &[
+            "policy-0.yaml",
+            "document 2",
+            "spec.timeoutSeconds",
+            "invalid type: string \"x\"",
+        ],
+    );
+}
+
+#[test]
+fn policies_the_api_server_would_reject_are_refused() {
+    let cases = [
+        ("  timeoutSeconds: 45", "spec.timeoutSeconds"),
+        ("  timeoutSecond: 5", "spec.timeoutSecond"),
+        ("  operations: [DELETE]", "spec.operations[0]"),
+        (
+            "  namespaceSelector: {matchExpressions: [{key: a, operator: Near}]}",
+            "spec.namespaceSelector",
+        ),
+    ];
+    for (extra, field) in cases {
+        let ws = Workspace::new();
+        let run = inject(
+            &ws,
+            &[&sidecar_policy("p", extra)],
+            &pod("web", "shop", "{}"),
+            &[],
+        );
+        assert_refused(&run, &["policy-0.yaml", "document 1", field]);
+    }
+}
+
+#[test]
+fn privileged_content_without_allow_privileged_is_refused() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: net}
+spec:
+  template:
+    initContainers:
+      - name: net-init
+        image: registry.example/init:1
+        securityContext: {capabilities: {add: [NET_ADMIN]}}
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_refused(
+        &run,
+        &[
+            "document 1",
+            "spec.template.initContainers[0].securityContext.capabilities.add[0]",
+            "allowPrivileged",
+        ],
+    );
+    let allowed = policy.replace("spec:\n", "spec:\n  allowPrivileged: true\n");
+    let run = inject(&ws, &[&allowed], &pod("web", "shop", "{}"), &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+}
+
+#[test]
+fn duplicate_injected_names_are_refused() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: dup}
+spec:
+  template:
+    initContainers: [{name: proxy, image: a}]
+    containers: [{name: proxy, image: b}]
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_refused(
+        &run,
+        &["document 1", "spec.template.containers[0].name", "proxy"],
+    );
+}
+
+#[test]
+fn a_template_error_names_the_policy_and_the_template_field() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: broken}
+spec:
+  template:
+    containers:
+      - name: sidecar
+        image: "registry.example/{{ values.missing }}"
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_refused(&run, &["broken", "spec.template.containers[0].image"]);
+}
+
+#[test]
+fn a_template_that_fails_on_one_pod_names_the_document_and_the_policy() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: team}
+spec:
+  template:
+    env:
+      - name: TEAM
+        value: "{{ pod.metadata.labels.team }}"
+"#;
+    let input = [
+        pod("ok", "shop", "{team: blue}"),
+        pod("unlabelled", "shop", "{}"),
+    ]
+    .join("---\n");
+    let run = inject(&ws, &[policy], &input, &[]);
+    assert_refused(
+        &run,
+        &[
+            "manifests.yaml",
+            "document 2",
+            "Pod shop/unlabelled",
+            "team",
+        ],
+    );
+}
+
+#[test]
+fn an_unknown_kind_in_a_policy_file_is_refused() {
+    let ws = Workspace::new();
+    let run = inject(&ws, &[CONFIG_MAP], &pod("web", "shop", "{}"), &[]);
+    assert_refused(&run, &["policy-0.yaml", "document 1", "kind", "ConfigMap"]);
+}
+
+#[test]
+fn two_policies_with_the_same_name_are_refused() {
+    let ws = Workspace::new();
+    let p = sidecar_policy("mesh", "");
+    let run = inject(&ws, &[&p, &p], &pod("web", "shop", "{}"), &[]);
+    assert_refused(
+        &run,
+        &["policy-1.yaml", "document 1", "metadata.name", "mesh"],
+    );
+}
+
+#[test]
+fn malformed_manifests_are_refused_naming_the_document() {
+    let ws = Workspace::new();
+    let input = format!("{CONFIG_MAP}---\nkind: Pod\nmetadata: {{name: [unclosed\n");
+    let run = inject(&ws, &[&sidecar_policy("mesh", "")], &input, &[]);
+    assert_refused(&run, &["manifests.yaml", "document 2", "invalid YAML"]);
+
+    let not_an_object = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "")],
+        "- just\n- a list\n",
+        &[],
+    );
+    assert_refused(&not_an_object, &["manifests.yaml", "document 1"]);
+}
+
+#[test]
+fn malformed_policy_yaml_is_refused_naming_the_document() {
+    let ws = Workspace::new();
+    let bad = format!("{}---\nspec: {{template: [\n", sidecar_policy("good", ""));
+    let run = inject(&ws, &[&bad], &pod("web", "shop", "{}"), &[]);
+    assert_refused(&run, &["policy-0.yaml", "document 2", "invalid YAML"]);
+}
+
+#[test]
+fn a_missing_file_is_refused_by_name() {
+    let ws = Workspace::new();
+    let policy = ws.file("p.yaml", &sidecar_policy("mesh", ""));
+    let missing = ws.path().join("nope.yaml");
+    let run = splice([
+        "inject",
+        "-p",
+        policy.to_str().expect("utf-8"),
+        "-f",
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert_refused(&run, &["nope.yaml", "cannot read"]);
+}
+
+#[test]
+fn the_examples_work_as_the_readme_shows() {
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let arg = |f: &str| examples.join(f).display().to_string();
+    let run = splice([
+        "inject".to_owned(),
+        "-p".into(),
+        arg("mesh-proxy.yaml"),
+        "-p".into(),
+        arg("env-volume.yaml"),
+        "-f".into(),
+        arg("deployment.yaml"),
+        "--namespace-label".into(),
+        "mesh=enabled".into(),
+    ]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let docs = run.documents();
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["ConfigMap", "Deployment", "Service"]);
+    let spec = &docs[1]["spec"]["template"]["spec"];
+    assert_eq!(names(spec, "initContainers"), ["mesh-init", "mesh-proxy"]);
+    assert_eq!(
+        spec["initContainers"][1]["image"],
+        "registry.example/proxy:1.4.2"
+    );
+    assert_eq!(spec["initContainers"][1]["restartPolicy"], "Always");
+    let env: Vec<(&str, &str)> = spec["containers"][0]["env"]
+        .as_array()
+        .expect("env injected")
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?, e["value"].as_str()?)))
+        .collect();
+    assert!(env.contains(&("APP_NAMESPACE", "shop")), "{env:?}");
+    assert!(env.contains(&("APP_NAME", "web")), "{env:?}");
+}
