@@ -79,7 +79,15 @@ mod tests {
     #[test]
     fn a_new_condition_is_added_with_the_current_time() {
         let mut c = Vec::new();
-        assert!(set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "ok", Some(1), ts(10)));
+        assert!(set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "ok",
+            Some(1),
+            ts(10)
+        ));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, Time(ts(10)));
         assert_eq!(c[0].observed_generation, Some(1));
@@ -88,8 +96,24 @@ mod tests {
     #[test]
     fn transition_time_stays_when_only_the_message_or_generation_changes() {
         let mut c = Vec::new();
-        set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "ok", Some(1), ts(10));
-        assert!(set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "still ok", Some(2), ts(20)));
+        set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "ok",
+            Some(1),
+            ts(10),
+        );
+        assert!(set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "still ok",
+            Some(2),
+            ts(20)
+        ));
         assert_eq!(c[0].last_transition_time, Time(ts(10)));
         assert_eq!(c[0].message, "still ok");
         assert_eq!(c[0].observed_generation, Some(2));
@@ -98,8 +122,24 @@ mod tests {
     #[test]
     fn transition_time_moves_when_the_status_flips() {
         let mut c = Vec::new();
-        set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "ok", Some(1), ts(10));
-        assert!(set_condition(&mut c, "Ready", ConditionStatus::False, "Paused", "paused", Some(1), ts(30)));
+        set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "ok",
+            Some(1),
+            ts(10),
+        );
+        assert!(set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::False,
+            "Paused",
+            "paused",
+            Some(1),
+            ts(30)
+        ));
         assert_eq!(c[0].last_transition_time, Time(ts(30)));
         assert_eq!(c[0].status, "False");
     }
@@ -107,8 +147,24 @@ mod tests {
     #[test]
     fn setting_an_identical_condition_reports_no_change() {
         let mut c = Vec::new();
-        set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "ok", Some(1), ts(10));
-        assert!(!set_condition(&mut c, "Ready", ConditionStatus::True, "Configured", "ok", Some(1), ts(99)));
+        set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "ok",
+            Some(1),
+            ts(10),
+        );
+        assert!(!set_condition(
+            &mut c,
+            "Ready",
+            ConditionStatus::True,
+            "Configured",
+            "ok",
+            Some(1),
+            ts(99)
+        ));
         assert_eq!(c[0].last_transition_time, Time(ts(10)));
     }
 }

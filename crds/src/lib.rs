@@ -25,6 +25,76 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// The CRD as YAML, exactly as committed in `deploy/crd.yaml`.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(&crd())
+}
+
+/// The CRD: the schema generated from the Rust types, plus the bounds that the API server's CEL
+/// cost estimator needs on the k8s-openapi `Container` schema (which declares none). Without them
+/// the API server rejects the CEL rules as too expensive. The bounds are real limits: a container
+/// name is a DNS label (63), capability names are short, and no injected container needs more
+/// than 64 ports or 32 added capabilities.
+pub fn crd()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
     use kube::CustomResourceExt;
-    serde_yaml::to_string(&InjectionPolicy::crd())
+    let mut crd = InjectionPolicy::crd();
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        else {
+            continue;
+        };
+        let Some(template) = schema
+            .properties
+            .as_mut()
+            .and_then(|p| p.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("template"))
+            .and_then(|t| t.properties.as_mut())
+        else {
+            continue;
+        };
+        for list in ["containers", "initContainers"] {
+            if let Some(container) = template.get_mut(list).and_then(|l| array_items(l)) {
+                bound_container(container);
+            }
+        }
+    }
+    crd
+}
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    JSONSchemaProps, JSONSchemaPropsOrArray,
+};
+
+fn array_items(list: &mut JSONSchemaProps) -> Option<&mut JSONSchemaProps> {
+    match list.items.as_mut()? {
+        JSONSchemaPropsOrArray::Schema(item) => Some(item),
+        JSONSchemaPropsOrArray::Schemas(_) => None,
+    }
+}
+
+fn bound_container(container: &mut JSONSchemaProps) {
+    let Some(props) = container.properties.as_mut() else {
+        return;
+    };
+    if let Some(name) = props.get_mut("name") {
+        name.max_length = Some(63);
+    }
+    if let Some(ports) = props.get_mut("ports") {
+        ports.max_items = Some(64);
+    }
+    let add = props
+        .get_mut("securityContext")
+        .and_then(|s| s.properties.as_mut())
+        .and_then(|p| p.get_mut("capabilities"))
+        .and_then(|c| c.properties.as_mut())
+        .and_then(|p| p.get_mut("add"));
+    if let Some(add) = add {
+        add.max_items = Some(32);
+        if let Some(item) = array_items(add) {
+            item.max_length = Some(64);
+        }
+    }
 }

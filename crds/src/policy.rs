@@ -123,8 +123,7 @@ pub struct InjectionPolicySpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.initContainers) || !has(self.containers) || \
     !self.initContainers.exists(i, self.containers.exists(c, c.name == i.name))")
-    .message("an injected init container and an injected container must not share a name")
-    .reason(Reason::FieldValueDuplicate))]
+    .message("an injected init container and an injected container must not share a name"))]
 pub struct InjectionTemplate {
     /// Inserted before the pod's own init containers. Native sidecars are init containers with
     /// `restartPolicy: Always`.
@@ -168,7 +167,9 @@ pub struct InjectionTemplate {
     pub annotations: BTreeMap<String, String>,
 }
 
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 pub enum Operation {
     #[serde(rename = "CREATE")]
     Create,

@@ -8,7 +8,7 @@ source "$here/common.sh"
 
 [ -d "$RUN_DIR" ] || { echo "no control plane at $RUN_DIR"; exit 0; }
 # Reverse start order: kwok and the controllers first, etcd last, so nothing logs a dead backend.
-order="kwok kube-scheduler kube-controller-manager kube-apiserver etcd"
+order="splice kwok kube-scheduler kube-controller-manager kube-apiserver etcd"
 for name in $order; do
   f="$RUN_DIR/pids/$name.pid"
   [ -f "$f" ] || continue
