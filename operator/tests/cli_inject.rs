@@ -617,3 +617,33 @@ fn the_examples_work_as_the_readme_shows() {
     assert!(env.contains(&("APP_NAMESPACE", "shop")), "{env:?}");
     assert!(env.contains(&("APP_NAME", "web")), "{env:?}");
 }
+
+#[test]
+fn a_paused_policy_is_not_applied_as_its_webhook_is_not_called() {
+    let ws = Workspace::new();
+    let run = inject(
+        &ws,
+        &[&sidecar_policy("mesh", "  paused: true")],
+        &pod("web", "shop", "{}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_not_injected(&run.documents()[0]);
+    assert!(run.stderr.contains("mesh is paused"), "{run:?}");
+}
+
+#[test]
+fn a_list_document_has_its_items_injected() {
+    let ws = Workspace::new();
+    let list = format!(
+        r#"{{"apiVersion": "v1", "kind": "List", "items": [{}, {}]}}"#,
+        serde_json::to_string(&cli_support::documents(&pod("web", "shop", "{}"))[0]).expect("json"),
+        serde_json::to_string(&cli_support::documents(SERVICE)[0]).expect("json"),
+    );
+    let run = inject(&ws, &[&sidecar_policy("mesh", "")], &list, &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let doc = &run.documents()[0];
+    assert_eq!(doc["kind"], "List");
+    assert_injected(&doc["items"][0], "mesh");
+    assert_eq!(doc["items"][1], cli_support::documents(SERVICE)[0]);
+}

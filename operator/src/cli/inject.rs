@@ -93,12 +93,16 @@ fn run(args: &Args) -> Result<Report, InputError> {
     args.namespace
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
-    let policies = offline::load_policies(&args.policies)?;
+    let mut policies = offline::load_policies(&args.policies)?;
+    let paused = offline::without_paused(&mut policies);
     let mut ctx = Context {
         policies: &policies,
         args,
         changes: Vec::new(),
-        warnings: Vec::new(),
+        warnings: paused
+            .iter()
+            .map(|name| format!("policy {name} is paused (spec.paused): not applied"))
+            .collect(),
     };
 
     let mut out = Vec::new();

@@ -143,6 +143,18 @@ pub(crate) fn to_json(value: &serde_yaml::Value) -> Result<Value, String> {
     serde_json::to_value(value).map_err(|e| format!("cannot be represented as JSON: {e}"))
 }
 
+/// Drops paused policies: a paused policy has no webhook configuration, so the API server never
+/// calls it. Returns their names, for a note to the user.
+pub(crate) fn without_paused(policies: &mut Vec<LoadedPolicy>) -> Vec<String> {
+    let paused = policies
+        .iter()
+        .filter(|p| p.compiled.spec().paused)
+        .map(|p| p.name.clone())
+        .collect();
+    policies.retain(|p| !p.compiled.spec().paused);
+    paused
+}
+
 /// A policy read from a file, checked and compiled.
 pub(crate) struct LoadedPolicy {
     pub name: String,

@@ -77,7 +77,8 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
     args.namespace
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
-    let policies = offline::load_policies(&args.policies)?;
+    let mut policies = offline::load_policies(&args.policies)?;
+    let paused = offline::without_paused(&mut policies);
     let subject = read_subject(&args.file)?;
     let namespace = args.namespace.context(subject.own_namespace.as_deref());
     let exclusions = args.namespace.exclusions();
@@ -100,6 +101,14 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
         namespace.name,
         labels.join(", ")
     );
+
+    if !paused.is_empty() {
+        let _ = writeln!(
+            out,
+            "paused, so never called (no webhook configuration): {}",
+            paused.join(", ")
+        );
+    }
 
     if args.all_orders {
         if policies.len() > MAX_ALL_ORDERS_POLICIES {
