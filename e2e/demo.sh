@@ -22,7 +22,7 @@ fi
 kubectl get nodes
 
 step "Installing the InjectionPolicy CRD"
-kubectl apply --server-side --field-manager=splice-demo -f "$root/deploy/crd.yaml"
+kubectl apply --server-side --force-conflicts --field-manager=splice-demo -f "$root/deploy/crd.yaml"
 kubectl wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=30s
 
 step "Running the operator (splice run) outside the cluster"
