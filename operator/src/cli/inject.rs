@@ -93,6 +93,7 @@ fn run(args: &Args) -> Result<Report, InputError> {
     args.namespace
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
+    offline::stdin_at_most_once(args.policies.iter().chain(&args.files))?;
     let mut policies = offline::load_policies(&args.policies)?;
     let paused = offline::without_paused(&mut policies);
     let mut ctx = Context {

@@ -219,6 +219,12 @@ fn expand_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>, InputError> {
                 files.push(file);
             }
         }
+        if files.is_empty() {
+            return Err(InputError::file(
+                &name,
+                "holds no *.yaml, *.yml or *.json file",
+            ));
+        }
         files.sort();
         out.extend(files);
     }
@@ -576,6 +582,23 @@ fn check_unprivileged(spec: &InjectionPolicySpec) -> Result<(), Violation> {
                 format!("a hostPath volume {HINT}"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Stdin can be read once: refuses `-` given more than once across `-p` and `-f`.
+pub(crate) fn stdin_at_most_once<'a>(
+    paths: impl IntoIterator<Item = &'a PathBuf>,
+) -> Result<(), InputError> {
+    let dashes = paths
+        .into_iter()
+        .filter(|p| p.as_path() == Path::new("-"))
+        .count();
+    if dashes > 1 {
+        return Err(InputError::file(
+            "<stdin>",
+            "`-` (stdin) may be given only once across -p and -f",
+        ));
     }
     Ok(())
 }

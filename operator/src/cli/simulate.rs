@@ -18,7 +18,8 @@ use super::offline::{
 };
 use super::offline_diff::{self, Depth, LogicalPath, Norm, Seg};
 
-/// `--all-orders` replays n! orders; 8! = 40320 is still a few seconds, 9! is not.
+/// `--all-orders` walks all n! orders. Webhook calls are shared between orders (see [`Explorer`]),
+/// but the walk itself is n!: 8! = 40320 orders take a few seconds, 9! would take ten times that.
 const MAX_ALL_ORDERS_POLICIES: usize = 8;
 
 #[derive(clap::Args)]
@@ -77,6 +78,7 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
     args.namespace
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
+    offline::stdin_at_most_once(args.policies.iter().chain([&args.file]))?;
     let mut policies = offline::load_policies(&args.policies)?;
     let paused = offline::without_paused(&mut policies);
     let subject = read_subject(&args.file)?;
@@ -116,7 +118,7 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
                 "--all-orders",
                 format!(
                     "compares every order of at most {MAX_ALL_ORDERS_POLICIES} policies \
-                     ({} orders); got {} policies: pass fewer -p files",
+                     ({} orders); got {} policies",
                     factorial(MAX_ALL_ORDERS_POLICIES),
                     policies.len()
                 ),
