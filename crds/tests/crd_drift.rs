@@ -22,8 +22,14 @@ fn the_committed_crd_matches_the_generated_one() {
             "deploy/crd.yaml is stale: run `cargo run -p splice -- crd > deploy/crd.yaml`\n\
              (first difference at line {}: committed {:?}, generated {:?})",
             first_difference + 1,
-            committed.lines().nth(first_difference).unwrap_or("<end of file>"),
-            generated.lines().nth(first_difference).unwrap_or("<end of file>"),
+            committed
+                .lines()
+                .nth(first_difference)
+                .unwrap_or("<end of file>"),
+            generated
+                .lines()
+                .nth(first_difference)
+                .unwrap_or("<end of file>"),
         );
     }
 }
