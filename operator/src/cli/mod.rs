@@ -14,7 +14,11 @@ mod simulate;
 mod webhook;
 
 #[derive(Parser)]
-#[command(name = "splice", version, about = "Owns the lifecycle of mutating admission webhooks")]
+#[command(
+    name = "splice",
+    version,
+    about = "Owns the lifecycle of mutating admission webhooks"
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
