@@ -43,3 +43,7 @@ demo: controlplane
 
 bench-engine:
 	cargo bench -p splice-webhook --bench engine
+
+## Splice's webhook vs agnhost's vs a null baseline, side by side (needs wrk; see e2e/bench/).
+bench-webhook: controlplane
+	e2e/bench/webhook.sh
