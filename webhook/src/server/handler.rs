@@ -218,7 +218,9 @@ impl Handler {
             }
         };
         let Some((policy_name, policy)) = policy else {
-            tracing::warn!(uid = %review.uid, "admission request for a policy this webhook does not know");
+            // Counted and answered with a warning; a log line per request would flood during the
+            // moment between a policy's deletion and its webhook configuration's.
+            tracing::debug!(uid = %review.uid, "admission request for a policy this webhook does not know");
             let warning = "splice: no InjectionPolicy of that name is loaded on this webhook; \
                            the object was admitted unchanged"
                 .to_owned();
