@@ -13,8 +13,8 @@ use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::{Client, CustomResourceExt};
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
 use splice_e2e::{ChildGuard, free_port, repo_root, wait_for_port, wait_until};
@@ -39,18 +39,22 @@ pub fn splice_bin() -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Installs (or updates) the InjectionPolicy CRD and waits until it is served.
+/// Installs (or updates) the InjectionPolicy CRD and waits until it is served. With
+/// `SPLICE_E2E_CRD_INSTALLED=1` the CRD already in the cluster is used as is (a cluster whose CRD
+/// is managed by someone else).
 pub async fn install_crd(client: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = InjectionPolicy::crd();
+    let crd = splice_crds::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
-    crds.patch(
-        &name,
-        &PatchParams::apply(TEST_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .context("applying the InjectionPolicy CRD")?;
+    if std::env::var_os("SPLICE_E2E_CRD_INSTALLED").is_none_or(|v| v != "1") {
+        crds.patch(
+            &name,
+            &PatchParams::apply(TEST_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .context("applying the InjectionPolicy CRD")?;
+    }
     wait_until(Duration::from_secs(30), "the CRD to be established", || {
         let crds = crds.clone();
         let name = name.clone();
@@ -280,32 +284,21 @@ pub async fn wait_policy(
 /// Deletes every policy of one instance (and so, by ownership, their webhook configurations)
 /// when dropped, pass or fail.
 pub struct PolicyCleanup {
-    pub client: Client,
     pub instance: String,
 }
 
 impl Drop for PolicyCleanup {
     fn drop(&mut self) {
-        let client = self.client.clone();
         let selector = format!("{INSTANCE_LABEL}={}", self.instance);
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                let api: Api<InjectionPolicy> = Api::all(client);
-                let _ = api
-                    .delete_collection(
-                        &DeleteParams::default(),
-                        &ListParams::default().labels(&selector),
-                    )
-                    .await;
-            });
-        })
-        .join();
+        splice_e2e::in_fresh_runtime(move |client| async move {
+            let api: Api<InjectionPolicy> = Api::all(client);
+            let _ = api
+                .delete_collection(
+                    &DeleteParams::default(),
+                    &ListParams::default().labels(&selector),
+                )
+                .await;
+        });
     }
 }
 

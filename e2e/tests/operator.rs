@@ -35,9 +35,10 @@ use splice_e2e::{
 struct Setup {
     client: Client,
     instance: String,
-    splice_ns: TestNamespace,
+    // Dropped in this order: Splice stops, its policies go, then its namespace.
     splice: Splice,
     _cleanup: PolicyCleanup,
+    splice_ns: TestNamespace,
 }
 
 impl Setup {
@@ -47,7 +48,6 @@ impl Setup {
         let instance = format!("{prefix}-{}", unique_suffix());
         let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
         let cleanup = PolicyCleanup {
-            client: client.clone(),
             instance: instance.clone(),
         };
         let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
@@ -651,23 +651,15 @@ fn throwaway_tls() -> Result<(String, String, String)> {
 }
 
 /// Deletes a cluster-scoped webhook configuration when dropped.
-struct ConfigGuard(Api<MutatingWebhookConfiguration>, String);
+struct ConfigGuard(String);
 
 impl Drop for ConfigGuard {
     fn drop(&mut self) {
-        let api = self.0.clone();
-        let name = self.1.clone();
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(async move {
-                    let _ = api.delete(&name, &DeleteParams::default()).await;
-                });
-            }
-        })
-        .join();
+        let name = self.0.clone();
+        splice_e2e::in_fresh_runtime(move |client| async move {
+            let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        });
     }
 }
 
@@ -765,7 +757,7 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
             },
         )
         .await?;
-    let _foreign = ConfigGuard(configs.clone(), foreign_name);
+    let _foreign = ConfigGuard(foreign_name);
 
     // All three webhooks are live once a dry run shows all three changes.
     let pods = pod_in(&ns);
@@ -923,7 +915,9 @@ async fn splice_killed_with_sigkill_and_restarted_converges_without_duplicates_o
         .await?;
 
     let restarted_at = Instant::now();
+    // The same webhook address, as a restarted pod behind its Service would have.
     let mut options = s.splice.options.clone();
+    options.port = Some(s.splice.port);
     options.log_name.push_str("-restarted");
     s.splice = Splice::start(options).await?;
     for name in &names {
@@ -1017,7 +1011,6 @@ async fn when_the_leader_is_killed_the_other_replica_takes_over_and_the_follower
     let instance = format!("leader-{}", unique_suffix());
     let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
     let _cleanup = PolicyCleanup {
-        client: client.clone(),
         instance: instance.clone(),
     };
     let (duration, renew, retry) = (6u64, 4u64, 1u64);

@@ -94,7 +94,6 @@ async fn twenty_idle_policies_cause_no_api_writes_for_two_minutes() -> Result<()
     let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
     let _app = TestNamespace::create("e2e-app", &[(&instance, "on")]).await?;
     let _cleanup = PolicyCleanup {
-        client: client.clone(),
         instance: instance.clone(),
     };
     let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;

@@ -10,6 +10,8 @@ pub mod conditions;
 pub mod conflicts;
 pub mod leader;
 pub mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
 pub mod render;
 
 use std::collections::HashMap;

@@ -89,7 +89,9 @@ pub fn error_policy(policy: Arc<InjectionPolicy>, error: &Error, ctx: Arc<Contex
     let failures = ctx.count_failure(&policy.name_any());
     let delay = backoff(failures);
     match error {
-        Error::NotLeader => tracing::debug!(policy = %policy.name_any(), "not leading; dropping"),
+        Error::NotLeader | Error::NoCertificate => {
+            tracing::debug!(policy = %policy.name_any(), error = %error, retry_in = ?delay, "waiting")
+        }
         _ => {
             tracing::warn!(policy = %policy.name_any(), error = %error, retry_in = ?delay, "reconcile failed")
         }
@@ -109,6 +111,12 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     if policy.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the owned configuration; the janitor covers clusters without it.
         return Ok(Action::await_change());
+    }
+    // Neither is worth a status: a follower must not write, and without the CA no configuration
+    // can be written yet (the CA's arrival triggers every policy again).
+    ctx.ensure_leading()?;
+    if ctx.ca_bundle.borrow().is_none() {
+        return Err(Error::NoCertificate);
     }
     let name = policy.name_any();
     let configuration = webhook_configuration_name(&name);
