@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER};
@@ -145,15 +145,21 @@ impl Context {
         &self,
         policy: &InjectionPolicy,
     ) -> Option<InjectionPolicyStatus> {
-        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
-        match written.get(&policy.name_any()) {
+        let name = policy.name_any();
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        match written.get(&name) {
             Some(w)
                 if w.uid == policy.metadata.uid
                     && w.based_on == policy.metadata.resource_version =>
             {
                 Some(w.status.clone())
             }
-            _ => policy.status.clone(),
+            Some(_) => {
+                // The cache has moved past our write: it is the truth again.
+                written.remove(&name);
+                policy.status.clone()
+            }
+            None => policy.status.clone(),
         }
     }
 
@@ -378,11 +384,15 @@ async fn lead(
         settings.target.subject_alt_names(),
         secret_changed,
     ));
-    let janitor_task = tokio::spawn(sweep_orphans(client.clone(), policies_changed.clone()));
-
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
+    let janitor_task = tokio::spawn(sweep_orphans(
+        client.clone(),
+        controller.store(),
+        leading.clone(),
+        policies_changed.clone(),
+    ));
     let ctx = Arc::new(Context::new(
         client.clone(),
         &settings,
@@ -443,11 +453,19 @@ async fn maintain_ca(
 
 /// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage
 /// collection normally does this first; the sweep covers clusters where it is off or behind.
-async fn sweep_orphans(client: Client, mut policies_changed: watch::Receiver<u64>) {
+async fn sweep_orphans(
+    client: Client,
+    known: Store<InjectionPolicy>,
+    leading: watch::Receiver<bool>,
+    mut policies_changed: watch::Receiver<u64>,
+) {
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let policies = policy_api(&client);
+    if known.wait_until_ready().await.is_err() {
+        return;
+    }
     loop {
-        if let Err(e) = sweep_once(&configurations, &policies).await {
+        if let Err(e) = sweep_once(&configurations, &policies, &known, &leading).await {
             tracing::warn!(error = %e, "orphan sweep failed");
         }
         tokio::select! {
@@ -460,6 +478,8 @@ async fn sweep_orphans(client: Client, mut policies_changed: watch::Receiver<u64
 async fn sweep_once(
     configurations: &Api<MutatingWebhookConfiguration>,
     policies: &Api<InjectionPolicy>,
+    known: &Store<InjectionPolicy>,
+    leading: &watch::Receiver<bool>,
 ) -> Result<(), kube::Error> {
     let managed = configurations
         .list_metadata(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
@@ -471,9 +491,18 @@ async fn sweep_once(
         }) else {
             continue;
         };
+        let cached = known.get(&ObjectRef::new(&owner.name));
+        if cached.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
+            continue;
+        }
+        // Not in the cache: maybe deleted, maybe created a moment ago, maybe another instance's
+        // (outside --policy-selector). Only the API can tell.
         let alive = policies.get_opt(&owner.name).await?;
         if alive.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
             continue;
+        }
+        if !*leading.borrow() {
+            return Ok(());
         }
         let name = configuration.name_any();
         let params = DeleteParams {
