@@ -1,1 +1,125 @@
-fn main() {}
+//! One injection of the realistic sidecar policy (`testdata/policy-sidecar.yaml`: init container,
+//! native sidecar, volume, env, mount, label, annotation) into pods of several sizes.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use splice_crds::{InjectionPolicy, Operation};
+use splice_webhook::engine::{
+    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject,
+};
+
+const POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
+const PODS: [(&str, &str); 4] = [
+    ("pod-3k", include_str!("../testdata/pod-3k.json")),
+    ("pod-8k", include_str!("../testdata/pod-8k.json")),
+    ("pod-45k", include_str!("../testdata/pod-45k.json")),
+    (
+        "pod-2000-env",
+        include_str!("../testdata/pod-2000-env.json"),
+    ),
+];
+
+fn compile(yaml: &str) -> CompiledPolicy {
+    let p: InjectionPolicy = serde_yaml::from_str(yaml).expect("policy YAML");
+    let name = p.metadata.name.clone().expect("policy name");
+    CompiledPolicy::compile(&name, p.metadata.generation.unwrap_or(1), &p.spec)
+        .expect("policy compiles")
+}
+
+fn bench(c: &mut Criterion) {
+    let ns = NamespaceContext {
+        name: "shop".into(),
+        ..Default::default()
+    };
+    let exclusions = Exclusions::default_for("splice-system");
+    let sidecar = compile(POLICY);
+    // The same policy with one template that reads the pod: the engine then builds the full
+    // JSON tree of the pod for rendering.
+    let reads_pod = compile(&POLICY.replace(
+        "\"--policy={{ policy.name }}\"",
+        "\"--pod={{ pod.metadata.name }}\"",
+    ));
+    let mut group = c.benchmark_group("inject");
+    for (name, pod) in PODS {
+        group.throughput(Throughput::Bytes(pod.len() as u64));
+        for (variant, policy) in [("sidecar", &sidecar), ("sidecar-reads-pod", &reads_pod)] {
+            let req = PodRequest {
+                operation: Operation::Create,
+                object: pod,
+                namespace: &ns,
+                exclusions: &exclusions,
+            };
+            assert!(matches!(inject(policy, &req), Ok(Decision::Inject(i)) if i.changed));
+            group.bench_with_input(BenchmarkId::new(variant, name), &req, |b, req| {
+                b.iter(|| inject(policy, req))
+            });
+        }
+        // Reinvocation on the engine's own output: the idempotence check, empty patch.
+        let (_, injected) = splice_webhook::engine::inject_and_apply(
+            &sidecar,
+            &PodRequest {
+                operation: Operation::Create,
+                object: pod,
+                namespace: &ns,
+                exclusions: &exclusions,
+            },
+        )
+        .expect("injects");
+        let injected = injected.to_string();
+        let req = PodRequest {
+            operation: Operation::Create,
+            object: &injected,
+            namespace: &ns,
+            exclusions: &exclusions,
+        };
+        assert!(matches!(inject(&sidecar, &req), Ok(Decision::Inject(i)) if !i.changed));
+        group.bench_with_input(
+            BenchmarkId::new("reinvocation-noop", name),
+            &req,
+            |b, req| b.iter(|| inject(&sidecar, req)),
+        );
+    }
+    group.finish();
+
+    // Reference points: the cost of merely scanning the JSON, and of the engine with nothing to
+    // render per request (every template static).
+    let mut group = c.benchmark_group("reference");
+    let static_policy = compile(
+        &POLICY
+            .replace("{{ namespace.name }}", "shop")
+            .replace("\"--policy={{ policy.name }}\"", "\"--policy=mesh-proxy\""),
+    );
+    for (name, pod) in PODS {
+        group.bench_with_input(BenchmarkId::new("scan-json", name), pod, |b, pod| {
+            b.iter(|| serde_json::from_str::<serde::de::IgnoredAny>(pod))
+        });
+        group.bench_with_input(BenchmarkId::new("parse-value", name), pod, |b, pod| {
+            b.iter(|| serde_json::from_str::<serde_json::Value>(pod))
+        });
+        let req = PodRequest {
+            operation: Operation::Create,
+            object: pod,
+            namespace: &ns,
+            exclusions: &exclusions,
+        };
+        group.bench_with_input(BenchmarkId::new("static-sidecar", name), &req, |b, req| {
+            b.iter(|| inject(&static_policy, req))
+        });
+        // An opted-out pod: the engine reads its view and stops, so this is the parse alone.
+        let opted_out = pod.replace("\"tier\":\"frontend\"", "\"splice.dev/inject\":\"false\"");
+        let req = PodRequest {
+            object: &opted_out,
+            ..req
+        };
+        assert!(matches!(
+            inject(&static_policy, &req),
+            Ok(Decision::Skip(splice_webhook::engine::SkipReason::OptedOut))
+        ));
+        group.bench_with_input(BenchmarkId::new("view-only", name), &req, |b, req| {
+            b.iter(|| inject(&static_policy, req))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -476,9 +476,10 @@ fn run(
     } else {
         policy.static_ctx.clone()
     };
+    let meta_only = request.operation == Operation::Update;
     let rendered = policy
         .templates
-        .render(&ctx)
+        .render(&ctx, meta_only)
         .map_err(|e| EngineError::Render {
             policy: policy.name.clone(),
             field: e.field,

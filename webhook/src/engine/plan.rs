@@ -606,11 +606,22 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
     }
 
     // Provenance: rewrite the status annotation when this policy's entry changed.
-    let new_value = serde_json::to_value(&new_entry).map_err(invalid)?;
-    if status.entries.get(policy) != Some(&new_value) {
-        let mut entries = status.entries.clone();
-        entries.insert(policy.to_owned(), new_value);
-        let text = serde_json::to_string(&entries).map_err(invalid)?;
+    if status.mine.as_ref() != Some(&new_entry) {
+        let text = if status.entries.keys().all(|k| k == policy) {
+            // The common case, only this policy on the pod: no intermediate JSON tree.
+            let mut text = String::with_capacity(256);
+            text.push('{');
+            text.push_str(&serde_json::to_string(policy).map_err(invalid)?);
+            text.push(':');
+            text.push_str(&serde_json::to_string(&new_entry).map_err(invalid)?);
+            text.push('}');
+            text
+        } else {
+            let mut entries = status.entries.clone();
+            let value = serde_json::to_value(&new_entry).map_err(invalid)?;
+            entries.insert(policy.to_owned(), value);
+            serde_json::to_string(&entries).map_err(invalid)?
+        };
         let annotations_absent = pod_annotations.is_none();
         // When the map itself was just created by an "add", fold the status into it.
         let folded = meta_ops.iter_mut().find_map(|op| match op {
@@ -689,7 +700,10 @@ fn emit_list<'x>(ops: &mut Vec<Op<'x>>, path: &str, absent: bool, plan: &ListPla
         }
     } else {
         for item in &plan.add {
-            ops.push(Op::Add(format!("{path}/-"), OpValue::Item(item)));
+            let mut p = String::with_capacity(path.len() + 2);
+            p.push_str(path);
+            p.push_str("/-");
+            ops.push(Op::Add(p, OpValue::Item(item)));
         }
     }
 }

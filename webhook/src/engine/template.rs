@@ -251,10 +251,18 @@ impl Templates {
         })
     }
 
-    /// Renders everything for one request. `ctx` holds `pod`/`namespace` as far as [`Self::deps`]
-    /// asks for them, plus `policy` and `values`.
-    pub fn render<'t>(&'t self, ctx: &JValue) -> Result<Rendered<'t>, TemplateError> {
+    /// Renders everything for one request (only labels and annotations when `meta_only`: an
+    /// UPDATE never touches the rest, so its templates must not fail the request). `ctx` holds
+    /// `pod`/`namespace` as far as [`Self::deps`] asks for them, plus `policy` and `values`.
+    pub fn render<'t>(
+        &'t self,
+        ctx: &JValue,
+        meta_only: bool,
+    ) -> Result<Rendered<'t>, TemplateError> {
         let items = |list: &'t [TemplateItem]| -> Result<Vec<RItem<'t>>, TemplateError> {
+            if meta_only {
+                return Ok(Vec::new());
+            }
             list.iter()
                 .map(|item| self.render_item(item, ctx))
                 .collect()
