@@ -106,13 +106,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn settings(args: &Args) -> anyhow::Result<Settings> {
+    let service = ClientTarget::Service {
+        namespace: args.namespace.clone(),
+        name: args.service_name.clone(),
+        port: i32::from(args.service_port),
+    };
+    // The Service names are always in the certificate, so moving from an outside URL to the
+    // Service (or back) never needs a new one.
+    let mut serving_names = service.subject_alt_names();
     let target = match &args.webhook_url {
-        Some(url) => ClientTarget::from_url(url)?,
-        None => ClientTarget::Service {
-            namespace: args.namespace.clone(),
-            name: args.service_name.clone(),
-            port: i32::from(args.service_port),
-        },
+        Some(url) => {
+            let outside = ClientTarget::from_url(url)?;
+            serving_names.extend(outside.subject_alt_names());
+            outside
+        }
+        None => service,
     };
     let lease = LeaseConfig {
         name: args.lease_name.clone(),
@@ -125,6 +133,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
     Ok(Settings {
         namespace: args.namespace.clone(),
         target,
+        serving_names,
         policy_selector: args.policy_selector.clone().filter(|s| !s.is_empty()),
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -222,6 +231,24 @@ mod tests {
     fn a_webhook_url_replaces_the_service() {
         let s = parse(&["--webhook-url", "https://127.0.0.1:9443"]).unwrap();
         assert!(matches!(s.target, ClientTarget::Url { ref host, .. } if host == "127.0.0.1"));
+    }
+
+    #[test]
+    fn the_certificate_names_the_service_and_the_webhook_url_host() {
+        let s = parse(&[
+            "--namespace",
+            "ops",
+            "--webhook-url",
+            "https://10.1.2.3:9443",
+        ])
+        .unwrap();
+        assert!(s.serving_names.contains(&"splice.ops.svc".to_owned()));
+        assert!(s.serving_names.contains(&"10.1.2.3".to_owned()));
+        let s = parse(&["--service-name", "hook"]).unwrap();
+        assert!(
+            s.serving_names
+                .contains(&"hook.splice-system.svc.cluster.local".to_owned())
+        );
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub struct Settings {
     pub namespace: String,
     /// How the API server reaches the webhook (Service or `--webhook-url`).
     pub target: ClientTarget,
+    /// Names the serving certificate carries: the Service's DNS names and, for an outside
+    /// webhook, the URL's host.
+    pub serving_names: Vec<String>,
     /// Only policies matching this label selector are served and managed (empty: all). Lets
     /// several independent Splice instances share a cluster, e.g. in tests or for canaries.
     pub policy_selector: Option<String>,
@@ -381,7 +384,7 @@ async fn lead(
     let ca_task = tokio::spawn(maintain_ca(
         Api::namespaced(client.clone(), &settings.namespace),
         settings.namespace.clone(),
-        settings.target.subject_alt_names(),
+        settings.serving_names.clone(),
         secret_changed,
     ));
     let policies = policy_api(&client);

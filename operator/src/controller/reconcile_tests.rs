@@ -122,6 +122,7 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
     let settings = Settings {
         namespace: "splice-system".into(),
         target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
+        serving_names: vec!["127.0.0.1".into()],
         policy_selector: None,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
