@@ -1,7 +1,7 @@
 //! The injection engine and the HTTPS admission server.
-pub mod engine;
 pub mod admin;
 pub mod admission;
+pub mod engine;
 pub mod metrics;
 pub mod server;
 pub mod store;
