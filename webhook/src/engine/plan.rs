@@ -126,13 +126,19 @@ impl<'s> NameSet<'s> {
 
 /// True when every field of `desired` is in `actual` with the same value. Fields the API server
 /// defaults after a patch (and fields another webhook adds) do not count as a change.
+/// True when everything the policy would inject is still there. Additions by other mutators are
+/// not drift: the API server's ServiceAccount plugin mounts its token into every container,
+/// injected ones included, and other webhooks add env vars; re-injecting on those would strip
+/// their work on every reinvocation. So arrays match when the desired elements appear in
+/// `actual` in order, with anything else in between.
 fn subset(desired: &Value, actual: &Value) -> bool {
     match (desired, actual) {
         (Value::Object(d), Value::Object(a)) => d
             .iter()
             .all(|(k, dv)| a.get(k).is_some_and(|av| subset(dv, av))),
         (Value::Array(d), Value::Array(a)) => {
-            d.len() == a.len() && d.iter().zip(a).all(|(dv, av)| subset(dv, av))
+            let mut rest = a.iter();
+            d.iter().all(|dv| rest.any(|av| subset(dv, av)))
         }
         _ => desired == actual,
     }
