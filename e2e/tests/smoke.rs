@@ -21,14 +21,13 @@ use splice_e2e::{
     ChildGuard, TestNamespace, controlplane_bin_dir, free_port, wait_for_port, wait_until,
 };
 
-fn pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
+fn pod(name: &str) -> Result<Pod> {
+    Ok(serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name},
         // kwok never pulls images; the name only has to be valid.
         "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}
-    }))
-    .expect("static pod is valid")
+    }))?)
 }
 
 #[tokio::test]
@@ -213,7 +212,7 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
                         dry_run: true,
                         ..Default::default()
                     },
-                    &pod("probe"),
+                    &pod("probe")?,
                 )
                 .await?;
             Ok(container_names(&created)
@@ -224,12 +223,12 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
     .await?;
 
     let injected = pods
-        .create(&PostParams::default(), &pod("selected"))
+        .create(&PostParams::default(), &pod("selected")?)
         .await?;
     assert_eq!(container_names(&injected), ["app", "webhook-added-sidecar"]);
     let untouched = other
         .api::<Pod>()
-        .create(&PostParams::default(), &pod("unselected"))
+        .create(&PostParams::default(), &pod("unselected")?)
         .await?;
     assert_eq!(container_names(&untouched), ["app"]);
     let _ = std::fs::remove_dir_all(&dir);
