@@ -660,3 +660,77 @@ spec:
     let renamed = policy(&yaml.replace("{name: pinned}", "{name: other}"));
     assert_ne!(first.template_hash(), renamed.template_hash());
 }
+
+#[test]
+fn a_compiled_policy_is_shared_across_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<splice_webhook::engine::CompiledPolicy>();
+}
+
+#[test]
+fn a_label_rendered_invalid_for_this_pod_is_an_error_not_a_rejected_patch() {
+    let policy = policy(
+        r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: lbl}
+spec:
+  template:
+    labels: {"example.com/ns": "{{ namespace.name }}-{{ namespace.labels.team }}"}
+"#,
+    );
+    let ex = exclusions();
+    let pod = bare_pod().to_string();
+    let mut namespace = ns("shop");
+    namespace.labels.insert("team".into(), "a b".into());
+    let err = splice_webhook::engine::inject(
+        &policy,
+        &splice_webhook::engine::PodRequest {
+            operation: Operation::Create,
+            object: &pod,
+            namespace: &namespace,
+            exclusions: &ex,
+        },
+    )
+    .unwrap_err();
+    assert_eq!(err.label(), "invalid_render");
+    assert!(
+        err.to_string()
+            .starts_with("policy lbl: spec.template.labels[\"example.com/ns\"]: rendered label value \"shop-a b\""),
+        "{err}"
+    );
+    namespace.labels.insert("team".into(), "payments".into());
+    let (_, out) = apply(&policy, Operation::Create, &bare_pod(), &namespace);
+    assert_eq!(out["metadata"]["labels"]["example.com/ns"], "shop-payments");
+}
+
+#[test]
+fn invalid_selectors_and_reserved_keys_are_rejected_at_compile_time() {
+    let err = try_policy(
+        r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: sel}
+spec:
+  objectSelector:
+    matchExpressions: [{key: app, operator: In}]
+"#,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "policy sel: spec.objectSelector.matchExpressions[0].values: operator In needs at least one value"
+    );
+    let err = try_policy(
+        r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: res}
+spec:
+  template:
+    annotations: {"splice.dev/status": "{}"}
+"#,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("reserved"), "{err}");
+}

@@ -1,5 +1,8 @@
 //! Property tests of the engine over generated pods and policies.
 
+// Generators and assertion helpers are test code outside #[test] functions.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 mod engine_common;
 
 use std::collections::HashSet;
@@ -313,7 +316,13 @@ proptest! {
         let mut changed_pod = out.clone();
         match foreign {
             0 => changed_pod["spec"]["containers"].as_array_mut().unwrap().push(json!({"name": "foreign", "image": "f"})),
-            1 => { if let Some(init) = changed_pod["spec"]["initContainers"].as_array_mut() { if !init.is_empty() { init.remove(0); } } }
+            1 => {
+                if let Some(init) = changed_pod["spec"]["initContainers"].as_array_mut()
+                    && !init.is_empty()
+                {
+                    init.remove(0);
+                }
+            }
             2 => { changed_pod["metadata"]["labels"] = json!({"foreign": "yes"}); }
             _ => {}
         }

@@ -124,9 +124,8 @@ impl<'s> NameSet<'s> {
     }
 }
 
-/// True when every field of `desired` is in `actual` with the same value. Fields the API server
-/// defaults after a patch (and fields another webhook adds) do not count as a change.
-/// True when everything the policy would inject is still there. Additions by other mutators are
+/// True when every field of `desired` is in `actual` with the same value, so fields the API server
+/// defaults after a patch do not count as a change. True when everything the policy would inject is still there. Additions by other mutators are
 /// not drift: the API server's ServiceAccount plugin mounts its token into every container,
 /// injected ones included, and other webhooks add env vars; re-injecting on those would strip
 /// their work on every reinvocation. So arrays match when the desired elements appear in

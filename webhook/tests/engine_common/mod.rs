@@ -1,5 +1,5 @@
 //! Helpers shared by the engine test files.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use serde_json::Value;
 use splice_crds::{InjectionPolicy, Operation};
