@@ -104,8 +104,11 @@ fuzz_target!(|data: &[u8]| {
         .decode(patch)
         .expect("the patch is base64");
     let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("the patch is JSON Patch");
-    let sent: serde_json::Value =
-        serde_json::from_slice(&body_in).expect("a patched request had a JSON body");
+    // The server never parses numbers it does not read, so a body it patched may still hold one
+    // serde_json::Value cannot represent (1e999); the patch was checked above, the apply is not.
+    let Ok(sent) = serde_json::from_slice::<serde_json::Value>(&body_in) else {
+        return;
+    };
     let mut object = sent["request"]["object"].clone();
     json_patch::patch(&mut object, &patch)
         .expect("the patch applies to the object it was made for");
