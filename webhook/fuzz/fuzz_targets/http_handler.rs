@@ -50,7 +50,7 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
     Harness { runtime, handler }
 });
 
-fn parse(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {
+fn parse(data: &[u8]) -> Option<(http::Request<Full<Bytes>>, Bytes)> {
     let mut headers = [httparse::EMPTY_HEADER; 32];
     let mut parsed = httparse::Request::new(&mut headers);
     let httparse::Status::Complete(head_len) = parsed.parse(data).ok()? else {
@@ -65,14 +65,14 @@ fn parse(data: &[u8]) -> Option<http::Request<Full<Bytes>>> {
         builder = builder.header(name, value);
     }
     let body = Bytes::copy_from_slice(data.get(head_len..)?);
-    builder.body(Full::new(body)).ok()
+    let request = builder.body(Full::new(body.clone())).ok()?;
+    Some((request, body))
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some(request) = parse(data) else {
+    let Some((request, body_in)) = parse(data) else {
         return;
     };
-    let body_in = request.body().clone();
     let harness = &*HARNESS;
     let response = harness.runtime.block_on(harness.handler.handle(request));
     let status = response.status().as_u16();
