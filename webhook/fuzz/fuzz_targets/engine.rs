@@ -26,7 +26,10 @@ fn policies() -> &'static [CompiledPolicy] {
             // Reads the pod and selects nothing in particular.
             compile(
                 &SIDECAR
-                    .replace("\"--policy={{ policy.name }}\"", "\"--kind={{ pod.kind | default('none') }}\"")
+                    .replace(
+                        "\"--policy={{ policy.name }}\"",
+                        "\"--kind={{ pod.kind | default('none') }}\"",
+                    )
                     .replace("      - {key: app, operator: Exists}\n", ""),
             ),
         ]
@@ -41,13 +44,22 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let policy = &policies()[usize::from(selector) % policies().len()];
-    let operation = if selector & 0x80 == 0 { Operation::Create } else { Operation::Update };
+    let operation = if selector & 0x80 == 0 {
+        Operation::Create
+    } else {
+        Operation::Update
+    };
     let ns = NamespaceContext {
         name: "shop".into(),
         ..Default::default()
     };
     let ex = Exclusions::default_for("splice-system");
-    let req = PodRequest { operation, object, namespace: &ns, exclusions: &ex };
+    let req = PodRequest {
+        operation,
+        object,
+        namespace: &ns,
+        exclusions: &ex,
+    };
     let Ok((Decision::Inject(injection), mutated)) = inject_and_apply(policy, &req) else {
         return;
     };
@@ -58,7 +70,10 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(injection.changed, !ops.0.is_empty());
 
     let again_text = mutated.to_string();
-    let again = PodRequest { object: &again_text, ..req };
+    let again = PodRequest {
+        object: &again_text,
+        ..req
+    };
     match inject_and_apply(policy, &again) {
         Ok((Decision::Inject(second), _)) => assert!(
             !second.changed,
