@@ -19,10 +19,32 @@ const POD_3K: &str = include_str!("../testdata/pod-3k.json");
 const SMALL_POD: &str = r#"{"kind":"Pod","apiVersion":"v1","metadata":{"name":"web","namespace":"shop","labels":{"app":"web"},"annotations":{"a/b~c":"x"}},"spec":{"containers":[{"name":"app","image":"nginx","env":[{"name":"MESH_ENABLED","value":"no"}]}],"volumes":[{"name":"mesh-certs","emptyDir":{}}]}}"#;
 
 const FRAGMENTS: &[&str] = &[
-    "null", "true", "0", "-1", "1e999", "\"\"", "\"\\u0000\"", "\"\\ud800\"", "[]", "{}", "[[[[", "}}}",
-    r#"{"name":"mesh-proxy"}"#, r#""initContainers":[]"#, r#""containers":null"#, r#""labels":{"app":1}"#,
-    r#""uid":"x""#, r#""operation":"DELETE""#, r#""dryRun":"yes""#, r#""kind":{"kind":"Pod"}"#,
-    r#""namespace":"kube-system""#, r#""splice.dev/status":"{}""#, "\u{feff}", "\\", "~1", "/",
+    "null",
+    "true",
+    "0",
+    "-1",
+    "1e999",
+    "\"\"",
+    "\"\\u0000\"",
+    "\"\\ud800\"",
+    "[]",
+    "{}",
+    "[[[[",
+    "}}}",
+    r#"{"name":"mesh-proxy"}"#,
+    r#""initContainers":[]"#,
+    r#""containers":null"#,
+    r#""labels":{"app":1}"#,
+    r#""uid":"x""#,
+    r#""operation":"DELETE""#,
+    r#""dryRun":"yes""#,
+    r#""kind":{"kind":"Pod"}"#,
+    r#""namespace":"kube-system""#,
+    r#""splice.dev/status":"{}""#,
+    "\u{feff}",
+    "\\",
+    "~1",
+    "/",
 ];
 
 struct Rng(u64);
@@ -81,8 +103,11 @@ fn check(sent: &[u8], status: u16, out: &[u8]) {
         "status {status}"
     );
     if status == 500 {
-        assert!(!out.starts_with(b"splice could not compute the injection: internal error"),
-            "the engine panicked on {}", String::from_utf8_lossy(sent));
+        assert!(
+            !out.starts_with(b"splice could not compute the injection: internal error"),
+            "the engine panicked on {}",
+            String::from_utf8_lossy(sent)
+        );
     }
     if status != 200 {
         return;
@@ -93,7 +118,9 @@ fn check(sent: &[u8], status: u16, out: &[u8]) {
     let Some(patch) = response.get("patch").and_then(|p| p.as_str()) else {
         return;
     };
-    let patch = base64::engine::general_purpose::STANDARD.decode(patch).unwrap();
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .unwrap();
     let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("JSON Patch");
     // The server never parses numbers it does not read, so a body it patched may still hold one
     // serde_json::Value cannot represent (1e999); the patch was checked above, the apply is not.
@@ -102,7 +129,10 @@ fn check(sent: &[u8], status: u16, out: &[u8]) {
     };
     let mut object = sent["request"]["object"].clone();
     json_patch::patch(&mut object, &patch).unwrap_or_else(|e| {
-        panic!("patch does not apply ({e}) to {}", sent["request"]["object"])
+        panic!(
+            "patch does not apply ({e}) to {}",
+            sent["request"]["object"]
+        )
     });
 }
 
@@ -143,13 +173,28 @@ fn mutated_requests_never_panic_and_every_patch_applies() {
         review("null", "DELETE", "shop", false),
         review(SMALL_POD, "CREATE", "kube-system", false),
     ];
-    let paths = ["/inject/mesh-proxy", "/inject/mesh-proxy?timeout=3s", "/inject/other", "/null", "/"];
-    let types = ["application/json", "application/json; charset=utf-8", "text/plain", ""];
+    let paths = [
+        "/inject/mesh-proxy",
+        "/inject/mesh-proxy?timeout=3s",
+        "/inject/other",
+        "/null",
+        "/",
+    ];
+    let types = [
+        "application/json",
+        "application/json; charset=utf-8",
+        "text/plain",
+        "",
+    ];
     let mut rng = Rng(seed | 1);
     let (mut ok, mut patched) = (0usize, 0usize);
     for _ in 0..iterations {
         let base = bases[rng.below(bases.len())].clone().into_bytes();
-        let body = if rng.below(8) == 0 { base } else { mutate(&mut rng, base) };
+        let body = if rng.below(8) == 0 {
+            base
+        } else {
+            mutate(&mut rng, base)
+        };
         let mut request = http::Request::builder()
             .method(if rng.below(20) == 0 { "PUT" } else { "POST" })
             .uri(paths[rng.below(paths.len())]);
@@ -175,6 +220,9 @@ fn mutated_requests_never_panic_and_every_patch_applies() {
     eprintln!("{iterations} iterations: {ok} answered 200, {patched} with a patch");
     // The mutations must leave enough valid requests for the patch check to mean something.
     if iterations >= 1000 {
-        assert!(patched > iterations / 100, "only {patched} patched responses");
+        assert!(
+            patched > iterations / 100,
+            "only {patched} patched responses"
+        );
     }
 }
