@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Helpers for e2e/bench/webhook.sh: build the AdmissionReview, check a reply, read oha's JSON and
+print the results table. Standard library only.
+
+  webhook_util.py review POD.json NAMESPACE      > review.json
+  webhook_util.py check patch|nopatch            < reply.json
+  webhook_util.py oha OHA.json                   -> "p50 p99 p99.9" in ms
+  webhook_util.py table ROWS REVIEW_BYTES POD_BYTES CPUS LOADAVG
+"""
+import base64
+import json
+import sys
+
+
+def review(pod_path, namespace):
+    with open(pod_path, "rb") as f:
+        pod = f.read().decode()
+    json.loads(pod)  # fail early on a broken fixture
+    pods = {"group": "", "version": "v1", "resource": "pods"}
+    kind = {"group": "", "version": "v1", "kind": "Pod"}
+    # Field order as the API server writes it: request.uid first.
+    head = {
+        "uid": "5d2c1f9e-8a4b-4c3d-9e7f-0a1b2c3d4e5f",
+        "kind": kind,
+        "resource": pods,
+        "requestKind": kind,
+        "requestResource": pods,
+        "namespace": namespace,
+        "operation": "CREATE",
+        "userInfo": {
+            "username": "system:serviceaccount:kube-system:replicaset-controller",
+            "uid": "7f0e1d2c-3b4a-4958-8776-655443322110",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"],
+        },
+    }
+    request = json.dumps(head, separators=(",", ":"))[:-1]
+    tail = ',"oldObject":null,"dryRun":false,"options":{"kind":"CreateOptions","apiVersion":"meta.k8s.io/v1"}}'
+    sys.stdout.write(
+        '{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":'
+        + request + ',"object":' + pod.strip() + tail + "}"
+    )
+
+
+def check(expect):
+    reply = json.loads(sys.stdin.read())
+    response = reply["response"]
+    assert response["allowed"] is True, response
+    assert response["uid"] == "5d2c1f9e-8a4b-4c3d-9e7f-0a1b2c3d4e5f", response
+    if expect == "patch":
+        patch = json.loads(base64.b64decode(response["patch"]))
+        assert isinstance(patch, list) and patch, patch
+        assert response["patchType"] == "JSONPatch"
+    else:
+        assert "patch" not in response, response
+
+
+def oha(path):
+    with open(path) as f:
+        data = json.load(f)
+    p = data["latencyPercentiles"]
+    ms = lambda key: p[key] * 1000.0
+    ok = data.get("statusCodeDistribution", {})
+    bad = {k: v for k, v in ok.items() if k != "200"}
+    # oha -z cancels the requests still in flight when the duration ends; those are not errors.
+    errors = {k: v for k, v in data.get("errorDistribution", {}).items() if k != "aborted due to deadline"}
+    if bad or errors:
+        sys.exit(f"non-200 responses or errors under constant load: {bad} {errors}")
+    print(f"{ms('p50'):.3f} {ms('p99'):.3f} {ms('p99.9'):.3f} {data['summary']['requestsPerSec']:.0f}")
+
+
+def table(rows_path, review_bytes, pod_bytes, cpus, loadavg):
+    rows = []
+    with open(rows_path) as f:
+        for line in f:
+            (label, rps, util, us, conns, rss_idle, rss_peak, hwm, lat, hs, hs_n) = line.rstrip("\n").split("|")
+            p50, p99, p999, lat_rps = lat.split()
+            rows.append(dict(label=label, rps=int(rps), util=float(util), us=float(us), conns=conns,
+                             rss_idle=int(rss_idle), rss_peak=int(rss_peak), hwm=int(hwm),
+                             p50=float(p50), p99=float(p99), p999=float(p999), lat_rps=int(lat_rps),
+                             hs=int(hs), hs_n=int(hs_n)))
+    mb = lambda kb: f"{kb / 1024:.1f}"
+    print(f"\nWebhook benchmark: {int(pod_bytes)/1024:.1f} KB pod in a {int(review_bytes)/1024:.1f} KB "
+          f"AdmissionReview, ECDSA P-256, TLS 1.3, HTTP/1.1 keep-alive; server on one core, "
+          f"wrk/oha/openssl on another ({cpus} CPUs, load average at the end {loadavg}).\n")
+    print("| server | max req/s (conns) | server core util | CPU µs/req | req/s per core (1e6/CPU µs) "
+          "| p50 / p99 / p99.9 ms @ ½ max (achieved req/s) | RSS idle / peak / HWM MB | CPU µs per new TLS conn |")
+    print("|---|---:|---:|---:|---:|---|---|---:|")
+    for r in rows:
+        print(f"| {r['label']} | {r['rps']} ({r['conns']}) | {r['util']:.2f} | {r['us']:.1f} | "
+              f"{1e6 / r['us']:.0f} | {r['p50']:.3f} / {r['p99']:.3f} / {r['p999']:.3f} ({r['lat_rps']}) | "
+              f"{mb(r['rss_idle'])} / {mb(r['rss_peak'])} / {mb(r['hwm'])} | {r['hs']} (n={r['hs_n']}) |")
+    by = {r["label"].split()[0] + (" null" if "null" in r["label"] else ""): r for r in rows}
+    splice, null, agn = by.get("splice"), by.get("splice null"), by.get("agnhost")
+    print("\nGoals:")
+    if splice and agn:
+        ratio = agn["us"] / splice["us"]
+        print(f"- req/s per core vs agnhost (CPU-normalized): {ratio:.1f}× (goal ≥ 3×; "
+              f"raw max req/s ratio {splice['rps'] / agn['rps']:.1f}×) — {'met' if ratio >= 3 else 'NOT met'}")
+    if splice and null:
+        ratio = null["us"] / splice["us"]
+        print(f"- vs null baseline (CPU-normalized): {ratio:.2f}× (goal ≥ 0.7×; raw max req/s ratio "
+              f"{splice['rps'] / null['rps']:.2f}×) — {'met' if ratio >= 0.7 else 'NOT met'}")
+    if splice:
+        print(f"- p99 at half max rate: {splice['p99']:.3f} ms (goal ≤ 1 ms) — "
+              f"{'met' if splice['p99'] <= 1.0 else 'NOT met'}")
+        print(f"- RSS under load (HWM): {mb(splice['hwm'])} MB (goal ≤ 25 MB) — "
+              f"{'met' if splice['hwm'] <= 25 * 1024 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    cmd, args = sys.argv[1], sys.argv[2:]
+    {"review": review, "check": check, "oha": oha, "table": table}[cmd](*args)
