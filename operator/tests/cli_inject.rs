@@ -6,20 +6,7 @@ use cli_support::{Workspace, env_policy, names, pod, sidecar_policy, splice, spl
 use serde_json::Value;
 
 fn inject(ws: &Workspace, policies: &[&str], manifests: &str, extra: &[&str]) -> cli_support::Run {
-    let manifests = ws.file("manifests.yaml", manifests);
-    let mut args: Vec<String> = vec!["inject".into()];
-    for (i, p) in policies.iter().enumerate() {
-        args.push("-p".into());
-        args.push(
-            ws.file(&format!("policy-{i}.yaml"), p)
-                .display()
-                .to_string(),
-        );
-    }
-    args.push("-f".into());
-    args.push(manifests.display().to_string());
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    splice(args)
+    cli_support::run_with_policies(ws, "inject", policies, "manifests.yaml", manifests, extra)
 }
 
 const CONFIG_MAP: &str = r#"apiVersion: v1

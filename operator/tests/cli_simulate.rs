@@ -2,23 +2,10 @@
 
 mod cli_support;
 
-use cli_support::{Workspace, env_policy, pod, sidecar_policy, splice};
+use cli_support::{Workspace, env_policy, pod, sidecar_policy};
 
 fn simulate(ws: &Workspace, policies: &[&str], pod_yaml: &str, extra: &[&str]) -> cli_support::Run {
-    let pod_file = ws.file("pod.yaml", pod_yaml);
-    let mut args: Vec<String> = vec!["simulate".into()];
-    for (i, p) in policies.iter().enumerate() {
-        args.push("-p".into());
-        args.push(
-            ws.file(&format!("policy-{i}.yaml"), p)
-                .display()
-                .to_string(),
-        );
-    }
-    args.push("-f".into());
-    args.push(pod_file.display().to_string());
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    splice(args)
+    cli_support::run_with_policies(ws, "simulate", policies, "pod.yaml", pod_yaml, extra)
 }
 
 /// A policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`.

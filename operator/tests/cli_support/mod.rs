@@ -172,3 +172,29 @@ pub fn names(spec: &Value, field: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Runs `splice <subcommand> -p <policy files>... -f <input file> <extra>...`, writing the policies
+/// and the input into `ws` first. `inject` and `simulate` take the same shape of arguments.
+pub fn run_with_policies(
+    ws: &Workspace,
+    subcommand: &str,
+    policies: &[&str],
+    input_name: &str,
+    input: &str,
+    extra: &[&str],
+) -> Run {
+    let input = ws.file(input_name, input);
+    let mut args: Vec<String> = vec![subcommand.into()];
+    for (i, p) in policies.iter().enumerate() {
+        args.push("-p".into());
+        args.push(
+            ws.file(&format!("policy-{i}.yaml"), p)
+                .display()
+                .to_string(),
+        );
+    }
+    args.push("-f".into());
+    args.push(input.display().to_string());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    splice(args)
+}
