@@ -11,6 +11,7 @@ use splice_crds::{
     Operation, STATUS_ANNOTATION,
 };
 
+pub mod explain;
 mod patch;
 mod plan;
 mod provenance;
