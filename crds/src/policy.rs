@@ -250,6 +250,27 @@ pub struct InjectionPolicyStatus {
     /// Hash of the template and values the webhook injects, as recorded in `splice.dev/status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+
+    /// Pods this policy selects, from the operator's pod watch (written by field manager
+    /// `splice-coverage`, at most once per pass and only when a count changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
+}
+
+/// Pod counts for one policy. `matched` counts pods the policy selects that carry its injection
+/// (from any template) plus those created after its webhook configuration was in force that do
+/// not (`missed`): a pod that existed before the policy is not expected to carry it, since pods
+/// are only injected when created.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Coverage {
+    pub matched: i64,
+    /// Injected with the policy's current template.
+    pub current: i64,
+    /// Injected with an earlier template (recreate them to update).
+    pub outdated: i64,
+    /// Matched but not injected (e.g. admitted while the webhook was unreachable, failing open).
+    pub missed: i64,
 }
 
 /// Condition types.

@@ -272,7 +272,12 @@ pub struct Metrics {
     reconcile: LabelMap<AtomicU64>,
     reconcile_duration: Histogram,
     certificate_expiry: LabelMap<AtomicI64>,
+    /// Per policy: matched, current, outdated, missed pods (see `set_coverage`).
+    coverage: ArcSwap<HashMap<String, [i64; 4]>>,
 }
+
+/// The `state` label values of `splice_coverage_pods`, in the order `set_coverage` takes them.
+pub const COVERAGE_STATES: [&str; 4] = ["matched", "current", "outdated", "missed"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -287,7 +292,14 @@ impl Metrics {
             reconcile: LabelMap::new(),
             reconcile_duration: Histogram::new(&RECONCILE_BUCKETS),
             certificate_expiry: LabelMap::new(),
+            coverage: ArcSwap::from_pointee(HashMap::new()),
         }
+    }
+
+    /// Replaces every policy's coverage gauges (counts in [`COVERAGE_STATES`] order); policies
+    /// not in `counts` stop being exported. Called by the controller once per coverage pass.
+    pub fn set_coverage(&self, counts: HashMap<String, [i64; 4]>) {
+        self.coverage.store(Arc::new(counts));
     }
 
     /// The admission metrics for `policy`, created on first use. Callers must pass bounded label
@@ -422,6 +434,27 @@ impl Metrics {
                 &[("cert", cert.as_str())],
                 at.load(Ordering::Relaxed),
             );
+        }
+
+        header(
+            &mut out,
+            "splice_coverage_pods",
+            "gauge",
+            "Pods a policy selects, by state: matched, injected with the current or an outdated template, and missed (matched but not injected).",
+        );
+        let coverage = self.coverage.load();
+        let mut policies: Vec<&String> = coverage.keys().collect();
+        policies.sort();
+        for policy in policies {
+            let counts = coverage.get(policy).copied().unwrap_or_default();
+            for (state, n) in COVERAGE_STATES.iter().zip(counts) {
+                sample(
+                    &mut out,
+                    "splice_coverage_pods",
+                    &[("policy", policy.as_str()), ("state", state)],
+                    n,
+                );
+            }
         }
         out
     }

@@ -1,9 +1,610 @@
+//! `splice explain`: for one pod, every policy, whether it selects the pod and what decided, what
+//! each policy injected (from the pod's `splice.dev/status` record) and whether that injection is
+//! outdated. Online (`splice explain POD -n NS`) reads the pod, its namespace and the policies from
+//! the cluster; offline (`-f pod.yaml -p policy.yaml…`) reads files. Both hand the same inputs to
+//! [`explain`], so they print the same thing for the same objects.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-#[derive(clap::Args)]
-pub struct Args {}
+use serde::Serialize;
+use serde_json::Value;
+use splice_webhook::engine::explain::{self as why, InjectionState, Verdict};
+use splice_webhook::engine::{
+    self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
+};
 
-pub fn main(_args: Args) -> ExitCode {
-    eprintln!("error: `splice explain` is not built yet");
-    ExitCode::from(2)
+use super::offline::{self, InputError, NamespaceArgs, Source, describe};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The pod to explain, read from the cluster (current kubeconfig) in --namespace.
+    #[arg(
+        value_name = "POD",
+        conflicts_with = "file",
+        required_unless_present = "file"
+    )]
+    pod: Option<String>,
+    /// Explain a pod (or a workload's pod template) from a file instead; `-` reads stdin.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "POD.yaml",
+        requires = "policies"
+    )]
+    file: Option<PathBuf>,
+    /// InjectionPolicy files or directories (offline only; online reads the cluster's).
+    #[arg(short = 'p', long = "policy", value_name = "POLICY.yaml", num_args = 1.., requires = "file")]
+    policies: Vec<PathBuf>,
+    #[command(flatten)]
+    namespace: NamespaceArgs,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    output: Format,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    Table,
+    Json,
+}
+
+pub fn main(args: Args) -> ExitCode {
+    let result = match (&args.pod, &args.file) {
+        (_, Some(file)) => offline_inputs(&args, file).map_err(|e| e.to_string()),
+        (Some(pod), None) => online_inputs(&args, pod),
+        (None, None) => Err("give a POD name, or -f POD.yaml with -p POLICY.yaml".to_owned()),
+    };
+    let inputs = match result {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = match explain(&inputs) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {}: {e}", inputs.title);
+            return ExitCode::from(2);
+        }
+    };
+    let text = match args.output {
+        Format::Table => render_table(&report),
+        Format::Json => match serde_json::to_string_pretty(&report) {
+            Ok(s) => s + "\n",
+            Err(e) => {
+                eprintln!("error: cannot serialize the report: {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        eprintln!("error: cannot write the output: {e}");
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
+}
+
+/// One policy as explain sees it: compiled, or why it cannot be.
+pub(crate) struct PolicyInput {
+    pub name: String,
+    pub paused: bool,
+    pub compiled: Result<CompiledPolicy, String>,
+}
+
+/// Everything [`explain`] needs, from the cluster or from files.
+pub(crate) struct Inputs {
+    /// `Pod shop/web`, for the heading and errors.
+    pub title: String,
+    /// The pod (or pod template) as JSON.
+    pub pod: Value,
+    pub namespace: NamespaceContext,
+    pub exclusions: Exclusions,
+    pub policies: Vec<PolicyInput>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Report {
+    pub pod: String,
+    pub namespace: String,
+    /// True when some policy's injection on this pod came from an earlier template.
+    pub outdated: bool,
+    pub policies: Vec<PolicyReport>,
+    /// Entries of `splice.dev/status` whose policy no longer exists.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub unknown_policies: BTreeMap<String, ProvenanceEntry>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PolicyReport {
+    pub name: String,
+    /// Whether the policy selects this pod (false for paused or invalid policies).
+    pub matches: bool,
+    /// What decided, in words.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+    pub paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub operations: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    pub injection: InjectionState,
+    /// What the pod's record says this policy injected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub injected: Option<ProvenanceEntry>,
+}
+
+/// The pure core shared by the online and offline paths. Fails only when the pod's
+/// `splice.dev/status` annotation cannot be read.
+pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
+    let text = inputs.pod.to_string();
+    let mut provenance: Provenance = engine::provenance(&text).map_err(|e| e.to_string())?;
+    let labels: BTreeMap<String, String> = inputs
+        .pod
+        .pointer("/metadata/labels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut policies = Vec::new();
+    for p in &inputs.policies {
+        let injected = provenance.remove(&p.name);
+        let report = match &p.compiled {
+            Err(error) => PolicyReport {
+                name: p.name.clone(),
+                matches: false,
+                reason: "invalid: the policy does not compile, so it is not served".into(),
+                verdict: None,
+                paused: p.paused,
+                error: Some(error.clone()),
+                operations: Vec::new(),
+                template_hash: None,
+                injection: match &injected {
+                    Some(e) => InjectionState::Outdated {
+                        recorded_hash: e.hash.clone(),
+                    },
+                    None => InjectionState::NotInjected,
+                },
+                injected,
+            },
+            Ok(compiled) => {
+                let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
+                let reason = if p.paused {
+                    format!("paused: no webhook configuration ({})", verdict.describe())
+                } else {
+                    verdict.describe()
+                };
+                let single: Provenance = injected
+                    .iter()
+                    .map(|e| (p.name.clone(), e.clone()))
+                    .collect();
+                PolicyReport {
+                    name: p.name.clone(),
+                    matches: verdict.selected() && !p.paused,
+                    reason,
+                    verdict: Some(verdict),
+                    paused: p.paused,
+                    error: None,
+                    operations: compiled
+                        .spec()
+                        .operations
+                        .iter()
+                        .map(|o| o.as_str())
+                        .collect(),
+                    template_hash: Some(compiled.template_hash().to_owned()),
+                    injection: why::injection_state(compiled, &single),
+                    injected,
+                }
+            }
+        };
+        policies.push(report);
+    }
+    let outdated = policies
+        .iter()
+        .any(|p| matches!(p.injection, InjectionState::Outdated { .. }));
+    Ok(Report {
+        pod: inputs.title.clone(),
+        namespace: inputs.namespace.name.clone(),
+        outdated,
+        policies,
+        unknown_policies: provenance,
+    })
+}
+
+fn render_table(report: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} in namespace {}: injection {}",
+        report.pod,
+        report.namespace,
+        if report.outdated {
+            "OUTDATED (recreate the pod to pick up the current template)"
+        } else {
+            "up to date"
+        }
+    );
+    let rows: Vec<[String; 4]> = report
+        .policies
+        .iter()
+        .map(|p| {
+            [
+                p.name.clone(),
+                if p.matches { "yes" } else { "no" }.to_owned(),
+                state_text(&p.injection),
+                p.reason.clone(),
+            ]
+        })
+        .collect();
+    let header = ["POLICY", "MATCHES", "INJECTION", "DECIDED BY"];
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut String, cells: [&str; 4]| {
+        let _ = writeln!(
+            out,
+            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+        );
+    };
+    line(&mut out, header);
+    for row in &rows {
+        line(&mut out, [&row[0], &row[1], &row[2], &row[3]]);
+    }
+    if report.policies.is_empty() {
+        let _ = writeln!(out, "(no policies)");
+    }
+    for p in &report.policies {
+        if let Some(error) = &p.error {
+            let _ = writeln!(out, "\n{}: {error}", p.name);
+        }
+    }
+    let injected: Vec<(&str, &ProvenanceEntry)> = report
+        .policies
+        .iter()
+        .filter_map(|p| p.injected.as_ref().map(|e| (p.name.as_str(), e)))
+        .chain(report.unknown_policies.iter().map(|(n, e)| (n.as_str(), e)))
+        .collect();
+    if injected.is_empty() {
+        let _ = writeln!(out, "\nNothing on this pod was injected by Splice.");
+    } else {
+        let _ = writeln!(
+            out,
+            "\nInjected, by policy (from {}):",
+            splice_crds::STATUS_ANNOTATION
+        );
+    }
+    for (name, e) in injected {
+        let unknown = if report.unknown_policies.contains_key(name) {
+            " (policy no longer exists)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "  {name}{unknown}: template {}", e.hash);
+        let list = |out: &mut String, what: &str, items: &[String]| {
+            if !items.is_empty() {
+                let _ = writeln!(out, "    {what}: {}", items.join(", "));
+            }
+        };
+        list(&mut out, "init containers", &e.init_containers);
+        list(&mut out, "containers", &e.containers);
+        list(&mut out, "volumes", &e.volumes);
+        for (container, vars) in &e.env {
+            list(&mut out, &format!("env in {container}"), vars);
+        }
+        for (container, mounts) in &e.volume_mounts {
+            list(&mut out, &format!("volume mounts in {container}"), mounts);
+        }
+        list(&mut out, "labels", &e.labels);
+        list(&mut out, "annotations", &e.annotations);
+    }
+    out
+}
+
+fn state_text(s: &InjectionState) -> String {
+    match s {
+        InjectionState::NotInjected => "not injected".into(),
+        InjectionState::Current => "current".into(),
+        InjectionState::Outdated { recorded_hash } => format!("outdated (was {recorded_hash})"),
+    }
+}
+
+fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputError> {
+    args.namespace
+        .validate()
+        .map_err(|e| InputError::file("--namespace-label", e))?;
+    offline::stdin_at_most_once(args.policies.iter().chain([&file.to_path_buf()]))?;
+    let mut loaded = offline::load_policies(&args.policies)?;
+    let paused = offline::without_paused(&mut loaded);
+    let (title, pod, own_namespace) = read_pod(file)?;
+    // Paused policies still compiled; load them again as data to explain them.
+    let mut policies: Vec<PolicyInput> = loaded
+        .into_iter()
+        .map(|p| PolicyInput {
+            name: p.name,
+            paused: false,
+            compiled: Ok(p.compiled),
+        })
+        .collect();
+    if !paused.is_empty() {
+        let mut all = offline::load_policies(&args.policies)?;
+        all.retain(|p| paused.contains(&p.name));
+        policies.extend(all.into_iter().map(|p| PolicyInput {
+            name: p.name,
+            paused: true,
+            compiled: Ok(p.compiled),
+        }));
+        policies.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    Ok(Inputs {
+        title,
+        pod,
+        namespace: args.namespace.context(own_namespace.as_deref()),
+        exclusions: args.namespace.exclusions(),
+        policies,
+    })
+}
+
+/// Reads exactly one Pod (or workload, whose pod template is explained) from `path`.
+fn read_pod(path: &std::path::Path) -> Result<(String, Value, Option<String>), InputError> {
+    let source = Source::read(path)?;
+    let docs = offline::documents(&source)?;
+    let [doc] = docs.as_slice() else {
+        return Err(InputError::file(
+            &source.name,
+            format!(
+                "expected exactly one Pod (or workload) document, found {}",
+                docs.len()
+            ),
+        ));
+    };
+    let at = |message: String| InputError::document(&source.name, doc.index, message);
+    let object = offline::to_json(&doc.value).map_err(at)?;
+    let text = |key: &str| object.get(key).and_then(Value::as_str);
+    let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
+        let field = if text("apiVersion").is_none() {
+            "apiVersion"
+        } else {
+            "kind"
+        };
+        return Err(at("missing or not a string".to_owned()).with_field(field));
+    };
+    let Some(pointer) = offline::pod_pointer(api_version, kind) else {
+        return Err(at(format!(
+            "{api_version} {kind} holds no pod: expected a Pod, Deployment, StatefulSet, \
+             DaemonSet, ReplicaSet, Job or CronJob"
+        ))
+        .with_field("kind"));
+    };
+    let mut title = describe(&object);
+    if !pointer.is_empty() {
+        title.push_str(" (pod template)");
+    }
+    let pod = object
+        .pointer(pointer)
+        .filter(|p| p.is_object())
+        .cloned()
+        .ok_or_else(|| {
+            at("missing or not an object".to_owned())
+                .with_field(pointer.trim_start_matches('/').replace('/', "."))
+        })?;
+    let own = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Ok((title, pod, own))
+}
+
+fn online_inputs(args: &Args, pod: &str) -> Result<Inputs, String> {
+    if !args.namespace.namespace_labels.is_empty() {
+        return Err(
+            "--namespace-label is for -f (offline); online the namespace's own labels are used"
+                .into(),
+        );
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(fetch(args, pod))
+}
+
+async fn fetch(args: &Args, name: &str) -> Result<Inputs, String> {
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::api::{Api, ListParams};
+    use kube::{Client, ResourceExt};
+    use splice_crds::InjectionPolicy;
+
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the cluster (kubeconfig): {e}"))?;
+    let ns_name = match &args.namespace.namespace {
+        Some(n) => n.clone(),
+        None => client.default_namespace().to_owned(),
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns_name);
+    let pod = pods
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading pod {ns_name}/{name}: {e}"))?
+        .ok_or_else(|| format!("pod {name:?} not found in namespace {ns_name:?}"))?;
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get_opt(&ns_name)
+        .await
+        .map_err(|e| format!("reading namespace {ns_name}: {e}"))?
+        .ok_or_else(|| format!("namespace {ns_name:?} not found"))?;
+    let list = Api::<InjectionPolicy>::all(client)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing InjectionPolicies: {e}"))?;
+    let mut policies: Vec<PolicyInput> = list
+        .items
+        .iter()
+        .map(|p| {
+            let name = p.name_any();
+            PolicyInput {
+                compiled: CompiledPolicy::compile(
+                    &name,
+                    p.metadata.generation.unwrap_or_default(),
+                    &p.spec,
+                )
+                .map_err(|e| e.to_string()),
+                paused: p.spec.paused,
+                name,
+            }
+        })
+        .collect();
+    policies.sort_by(|a, b| a.name.cmp(&b.name));
+    let pod_json = serde_json::to_value(&pod).map_err(|e| format!("pod {ns_name}/{name}: {e}"))?;
+    Ok(Inputs {
+        title: format!("Pod {ns_name}/{name}"),
+        pod: pod_json,
+        namespace: NamespaceContext {
+            name: ns_name,
+            labels: namespace.metadata.labels.clone().unwrap_or_default(),
+            annotations: namespace.metadata.annotations.clone().unwrap_or_default(),
+        },
+        exclusions: args.namespace.exclusions(),
+        policies,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use splice_crds::InjectionPolicySpec;
+
+    use super::*;
+
+    fn input(name: &str, yaml: &str, paused: bool) -> PolicyInput {
+        let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
+        PolicyInput {
+            name: name.into(),
+            paused,
+            compiled: CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn inputs(namespace: &str, pod: Value, policies: Vec<PolicyInput>) -> Inputs {
+        Inputs {
+            title: "Pod x".into(),
+            pod,
+            namespace: NamespaceContext {
+                name: namespace.into(),
+                ..Default::default()
+            },
+            exclusions: Exclusions::default_for("splice-system"),
+            policies,
+        }
+    }
+
+    #[test]
+    fn each_policy_is_reported_with_what_decided_and_what_it_injected() {
+        let mesh = input(
+            "mesh",
+            "objectSelector: {matchLabels: {app: web}}\ntemplate:\n  containers: [{name: proxy, image: p}]\n",
+            false,
+        );
+        let hash = mesh.compiled.as_ref().unwrap().template_hash().to_owned();
+        let status = serde_json::json!({
+            "mesh": {"hash": hash, "containers": ["proxy"], "env": {"app": ["A"]}},
+            "gone": {"hash": "h0", "volumes": ["v"]},
+        })
+        .to_string();
+        let pod = serde_json::json!({
+            "metadata": {"labels": {"app": "web"}, "annotations": {"splice.dev/status": status}},
+            "spec": {"containers": [{"name": "app"}]}
+        });
+        let logs = input("logs", "objectSelector: {matchLabels: {logs: on}}\n", false);
+        let r = explain(&inputs("shop", pod, vec![logs, mesh])).unwrap();
+        assert!(!r.outdated);
+        assert_eq!(r.policies[0].name, "logs");
+        assert!(!r.policies[0].matches);
+        assert!(
+            r.policies[0]
+                .reason
+                .contains("spec.objectSelector.matchLabels[\"logs\"]"),
+            "{}",
+            r.policies[0].reason
+        );
+        assert!(r.policies[1].matches);
+        assert_eq!(r.policies[1].injection, InjectionState::Current);
+        let injected = r.policies[1].injected.as_ref().unwrap();
+        assert_eq!(injected.containers, ["proxy"]);
+        assert_eq!(injected.env["app"], ["A"]);
+        assert!(r.unknown_policies.contains_key("gone"));
+        let table = render_table(&r);
+        assert!(table.contains("env in app: A"), "{table}");
+        assert!(table.contains("gone (policy no longer exists)"), "{table}");
+    }
+
+    #[test]
+    fn a_recorded_hash_from_an_earlier_template_makes_the_pod_outdated() {
+        let status = serde_json::json!({"mesh": {"hash": "earlier"}}).to_string();
+        let pod = serde_json::json!({
+            "metadata": {"annotations": {"splice.dev/status": status}},
+            "spec": {"containers": [{"name": "app"}]}
+        });
+        let r = explain(&inputs(
+            "shop",
+            pod,
+            vec![input("mesh", "template: {labels: {a: b}}\n", false)],
+        ))
+        .unwrap();
+        assert!(r.outdated);
+        assert!(render_table(&r).contains("OUTDATED"));
+    }
+
+    #[test]
+    fn paused_policies_and_excluded_namespaces_never_match() {
+        let pod = serde_json::json!({"metadata": {}, "spec": {"containers": [{"name": "app"}]}});
+        let r = explain(&inputs(
+            "kube-system",
+            pod.clone(),
+            vec![input("a", "{}\n", false)],
+        ))
+        .unwrap();
+        assert!(!r.policies[0].matches);
+        assert!(
+            r.policies[0]
+                .reason
+                .contains("namespace kube-system is never injected")
+        );
+        let r = explain(&inputs("shop", pod, vec![input("a", "{}\n", true)])).unwrap();
+        assert!(!r.policies[0].matches);
+        assert!(r.policies[0].reason.starts_with("paused"));
+    }
+
+    #[test]
+    fn an_unreadable_status_annotation_is_an_error() {
+        let pod = serde_json::json!({
+            "metadata": {"annotations": {"splice.dev/status": "{not json"}},
+            "spec": {"containers": []}
+        });
+        let err = explain(&inputs("shop", pod, vec![])).unwrap_err();
+        assert!(err.contains("splice.dev/status"), "{err}");
+    }
 }

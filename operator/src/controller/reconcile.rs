@@ -160,7 +160,12 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         failure_policy: &failure_policy,
         conflicts: &conflicts,
     };
-    let current = ctx.last_known_status(policy);
+    // status.coverage belongs to the coverage loop's own field manager: left out here, it is
+    // neither compared nor applied (so this apply never removes or reverts it).
+    let current = ctx.last_known_status(policy).map(|mut s| {
+        s.coverage = None;
+        s
+    });
     let status = desired_status(current.as_ref(), &observation, Timestamp::now());
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {

@@ -123,6 +123,25 @@ pub fn decide(
     Verdict::Selected
 }
 
+/// True when nothing excludes `namespace` and `spec.namespaceSelector` selects it: the part of
+/// [`decide`] that is the same for every pod in a namespace. Allocates nothing.
+pub fn selects_namespace(
+    policy: &CompiledPolicy,
+    namespace: &NamespaceContext,
+    exclusions: &Exclusions,
+) -> bool {
+    !exclusions.excludes(&namespace.name) && policy.selects_namespace(namespace)
+}
+
+/// The pod part of [`decide`]: not opted out and selected by `spec.objectSelector`. Allocates
+/// nothing, for counting many pods.
+pub fn selects_pod(policy: &CompiledPolicy, pod_labels: &BTreeMap<String, String>) -> bool {
+    pod_labels.get(OPT_OUT_LABEL).map(String::as_str) != Some("false")
+        && policy
+            .object_selector
+            .matches(|k| pod_labels.get(k).map(String::as_str))
+}
+
 /// Compares what the pod recorded for `policy` with the policy's current template hash.
 pub fn injection_state(policy: &CompiledPolicy, provenance: &Provenance) -> InjectionState {
     state_for_hash(
@@ -305,6 +324,34 @@ mod tests {
             ),
             Verdict::OptedOut
         );
+    }
+
+    #[test]
+    fn the_cheap_checks_agree_with_decide() {
+        let p = policy(
+            "namespaceSelector: {matchLabels: {env: prod}}\nobjectSelector: {matchExpressions: [{key: app, operator: Exists}]}\n",
+        );
+        let ex = Exclusions::default_for("splice-system");
+        let namespaces = [
+            ns("shop", &[("env", "prod")]),
+            ns("dev", &[("env", "dev")]),
+            ns("kube-system", &[("env", "prod")]),
+        ];
+        let pods = [
+            labels(&[("app", "x")]),
+            labels(&[]),
+            labels(&[("app", "x"), (OPT_OUT_LABEL, "false")]),
+        ];
+        for n in &namespaces {
+            for l in &pods {
+                assert_eq!(
+                    selects_namespace(&p, n, &ex) && selects_pod(&p, l),
+                    decide(&p, n, &ex, l).selected(),
+                    "{} {l:?}",
+                    n.name
+                );
+            }
+        }
     }
 
     #[test]
