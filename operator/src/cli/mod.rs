@@ -9,6 +9,7 @@ mod explain;
 mod inject;
 mod offline;
 mod offline_diff;
+pub(crate) mod rotate;
 mod run;
 mod simulate;
 mod webhook;
@@ -38,6 +39,8 @@ enum Command {
     Explain(explain::Args),
     /// Print the InjectionPolicy CRD as YAML.
     Crd,
+    /// Ask the running leader to rotate the webhook CA now.
+    Rotate(rotate::Args),
 }
 
 impl Cli {
@@ -49,6 +52,7 @@ impl Cli {
             Command::Webhook(args) => webhook::main(args),
             Command::Explain(args) => explain::main(args),
             Command::Crd => crd::main(),
+            Command::Rotate(args) => rotate::main(args),
         }
     }
 }

@@ -73,6 +73,9 @@ pub struct Args {
     /// How often the leader renews and the other replicas try to acquire, in seconds.
     #[arg(long, env = "SPLICE_LEASE_RETRY_PERIOD", default_value_t = 2)]
     lease_retry_period: u64,
+
+    #[command(flatten)]
+    certs: crate::cli::rotate::CertArgs,
 }
 
 pub fn main(args: Args) -> ExitCode {
@@ -130,7 +133,9 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         retry_period: Duration::from_secs(args.lease_retry_period),
     };
     lease.validate()?;
+    let certs = args.certs.timing()?;
     Ok(Settings {
+        certs,
         namespace: args.namespace.clone(),
         target,
         serving_names,

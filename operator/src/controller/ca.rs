@@ -1,56 +1,50 @@
-//! The interim certificate authority: a CA and a serving certificate, created once by the leader
-//! and kept in a `kubernetes.io/tls` Secret in Splice's namespace, so every replica serves the same
-//! chain and a restart reuses it (the caBundle of every webhook stays valid).
-//!
-//! Rotation with overlapping bundles belongs to the certificate-authority work; until then the
-//! serving certificate is re-issued (by the same CA) when it lacks a name the API server needs or is
-//! past two thirds of its lifetime, and the CA is only replaced when it is unusable.
+//! Certificate primitives of Splice's own certificate authority: issuing a CA and serving
+//! certificates with rcgen, reading them back, and deciding whether they are still usable. Pure:
+//! no API calls (the Secrets and the rotation live in [`super::rotation`]).
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType,
+    Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType, SerialNumber,
 };
-use splice_crds::{MANAGED_BY_LABEL, MANAGER};
 use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::X509Certificate;
 
-/// The Secret holding the CA and the serving certificate.
-pub const SECRET_NAME: &str = "splice-webhook-tls";
-/// Keys of that Secret: the standard `kubernetes.io/tls` pair, plus the CA.
-pub const TLS_CRT: &str = "tls.crt";
-pub const TLS_KEY: &str = "tls.key";
-pub const CA_CRT: &str = "ca.crt";
-pub const CA_KEY: &str = "ca.key";
-
-/// Lifetime of the CA. Long, because replacing it changes every caBundle.
-pub const CA_VALIDITY: Duration = Duration::days(3 * 365);
-/// Lifetime of the serving certificate; re-issued after two thirds of it.
-pub const SERVING_VALIDITY: Duration = Duration::days(365);
 /// Certificates start slightly in the past so a node whose clock runs behind still accepts them.
-const BACKDATE: Duration = Duration::minutes(5);
+pub const BACKDATE: Duration = Duration::minutes(5);
 
-/// The CA and serving certificate with their keys, all PEM. `Debug` never prints the keys.
+/// How long certificates live and when they are renewed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lifetimes {
+    pub ca: Duration,
+    pub serving: Duration,
+    /// Fraction of a lifetime after which a certificate is renewed, in (0, 1).
+    pub renew_fraction: f64,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        Lifetimes {
+            ca: Duration::days(3 * 365),
+            serving: Duration::days(90),
+            renew_fraction: 2.0 / 3.0,
+        }
+    }
+}
+
+/// A certificate and its private key, both PEM. `Debug` never prints the key.
 #[derive(Clone, PartialEq, Eq)]
-pub struct TlsMaterial {
-    pub ca_cert_pem: String,
-    pub ca_key_pem: String,
+pub struct KeyedCert {
     pub cert_pem: String,
     pub key_pem: String,
 }
 
-impl fmt::Debug for TlsMaterial {
+impl fmt::Debug for KeyedCert {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TlsMaterial")
-            .field("ca_cert_pem", &self.ca_cert_pem)
+        f.debug_struct("KeyedCert")
             .field("cert_pem", &self.cert_pem)
             .finish_non_exhaustive()
     }
@@ -60,27 +54,15 @@ impl fmt::Debug for TlsMaterial {
 pub enum CaError {
     #[error("generating a certificate: {0}")]
     Generate(#[from] rcgen::Error),
-    #[error("Secret {SECRET_NAME} has no {0:?} key")]
-    MissingKey(&'static str),
     #[error("{what} is not a usable certificate: {reason}")]
     BadCertificate { what: &'static str, reason: String },
-    #[error("reading or writing Secret {SECRET_NAME}: {0}")]
-    Kube(#[from] kube::Error),
-    #[error(
-        "Secret {SECRET_NAME} kept changing while Splice tried to update it; another writer is \
-         fighting over it"
-    )]
-    Contended,
 }
 
 impl CaError {
     pub fn label(&self) -> &'static str {
         match self {
             CaError::Generate(_) => "generate",
-            CaError::MissingKey(_) => "missing_key",
             CaError::BadCertificate { .. } => "bad_certificate",
-            CaError::Kube(_) => "kube",
-            CaError::Contended => "contended",
         }
     }
 }
@@ -89,28 +71,65 @@ fn new_key() -> Result<KeyPair, CaError> {
     Ok(KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?)
 }
 
-fn ca_params(now: OffsetDateTime) -> CertificateParams {
+/// A random 128-bit serial. rcgen's default serial is a hash of the subject key; a random one is
+/// what RFC 5280 asks for. The randomness comes from the operating system's CSPRNG through a
+/// throwaway P-256 key (whose public point is uniformly chosen), so no extra RNG crate is needed.
+fn random_serial() -> Result<SerialNumber, CaError> {
+    let throwaway = new_key()?;
+    let raw = throwaway.public_key_raw();
+    // Skip the 0x04 uncompressed-point tag; clear the top bit so the DER integer stays positive.
+    let mut bytes: Vec<u8> = raw.iter().skip(1).take(16).copied().collect();
+    if let Some(first) = bytes.first_mut() {
+        *first &= 0x7f;
+        // A leading zero byte would make the serial shorter than intended; keep it non-zero.
+        if *first == 0 {
+            *first = 1;
+        }
+    }
+    Ok(SerialNumber::from(bytes))
+}
+
+fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParams, CaError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "splice webhook CA");
     dn.push(DnType::OrganizationName, "splice.dev");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.key_identifier_method = KeyIdMethod::Sha256;
+    params.use_authority_key_identifier_extension = true;
+    params.serial_number = Some(random_serial()?);
     params.not_before = now - BACKDATE;
-    params.not_after = now + CA_VALIDITY;
-    params
+    params.not_after = now + lifetime;
+    Ok(params)
 }
 
-/// Issues a serving certificate for `names` (DNS names or IP addresses), signed by the CA.
+/// A new self-signed CA valid from now for `lifetime`.
+pub fn new_ca(now: OffsetDateTime, lifetime: Duration) -> Result<KeyedCert, CaError> {
+    let key = new_key()?;
+    let cert = ca_params(now, lifetime)?.self_signed(&key)?;
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
+}
+
+/// Issues a serving certificate for `names` (DNS names or IP addresses), signed by `ca`. Its
+/// NotAfter never passes the CA's: a leaf outliving its issuer would fail verification early.
 pub fn issue_serving(
-    ca_cert_pem: &str,
-    ca_key_pem: &str,
+    ca: &KeyedCert,
     names: &[String],
     now: OffsetDateTime,
-) -> Result<(String, String), CaError> {
-    let ca_key = KeyPair::from_pem(ca_key_pem)?;
-    let issuer = Issuer::from_ca_cert_pem(ca_cert_pem, ca_key)?;
+    lifetime: Duration,
+) -> Result<KeyedCert, CaError> {
+    let ca_info = inspect(&ca.cert_pem, "the CA certificate")?;
+    let ca_key = KeyPair::from_pem(&ca.key_pem)?;
+    let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(
@@ -127,36 +146,52 @@ pub fn issue_serving(
         .collect::<Result<_, rcgen::Error>>()?;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.key_identifier_method = KeyIdMethod::Sha256;
     params.use_authority_key_identifier_extension = true;
+    params.serial_number = Some(random_serial()?);
     params.not_before = now - BACKDATE;
-    params.not_after = now + SERVING_VALIDITY;
+    let ca_not_after = OffsetDateTime::from_unix_timestamp(ca_info.not_after).map_err(|e| {
+        CaError::BadCertificate {
+            what: "the CA certificate",
+            reason: e.to_string(),
+        }
+    })?;
+    params.not_after = (now + lifetime).min(ca_not_after);
     let key = new_key()?;
     let cert = params.signed_by(&key, &issuer)?;
-    Ok((cert.pem(), key.serialize_pem()))
-}
-
-/// A new CA and a serving certificate for `names` signed by it.
-pub fn new_material(names: &[String], now: OffsetDateTime) -> Result<TlsMaterial, CaError> {
-    let ca_key = new_key()?;
-    let ca_cert = ca_params(now).self_signed(&ca_key)?;
-    let ca_cert_pem = ca_cert.pem();
-    let ca_key_pem = ca_key.serialize_pem();
-    let (cert_pem, key_pem) = issue_serving(&ca_cert_pem, &ca_key_pem, names, now)?;
-    Ok(TlsMaterial {
-        ca_cert_pem,
-        ca_key_pem,
-        cert_pem,
-        key_pem,
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
     })
 }
 
-/// What a stored certificate says, as far as renewal is concerned.
+/// What a stored certificate says, as far as renewal and identification are concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {
     pub not_before: i64,
     pub not_after: i64,
     /// DNS names and IP addresses (as text).
     pub names: Vec<String>,
+    /// Serial number in lowercase hex: random, so it names a certificate in logs, annotations and
+    /// replica reports without exposing anything secret.
+    pub serial: String,
+    /// Authority key identifier in hex (empty when absent): which CA issued this certificate.
+    pub issuer_key_id: String,
+    /// Subject key identifier in hex (empty when absent).
+    pub key_id: String,
+    pub is_ca: bool,
+}
+
+impl CertInfo {
+    /// The instant at which `fraction` of the lifetime has passed.
+    pub fn renew_at(&self, fraction: f64) -> i64 {
+        let lifetime = (self.not_after - self.not_before).max(0) as f64;
+        self.not_before + (lifetime * fraction) as i64
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse_pem(pem: &str, what: &'static str) -> Result<x509_parser::pem::Pem, CaError> {
@@ -167,13 +202,12 @@ fn parse_pem(pem: &str, what: &'static str) -> Result<x509_parser::pem::Pem, CaE
 }
 
 fn info(cert: &X509Certificate<'_>, what: &'static str) -> Result<CertInfo, CaError> {
+    use x509_parser::extensions::ParsedExtension;
+    let bad = |reason: String| CaError::BadCertificate { what, reason };
     let mut names = Vec::new();
     let san = cert
         .subject_alternative_name()
-        .map_err(|e| CaError::BadCertificate {
-            what,
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| bad(e.to_string()))?;
     for name in san.iter().flat_map(|ext| ext.value.general_names.iter()) {
         match name {
             GeneralName::DNSName(dns) => names.push((*dns).to_owned()),
@@ -187,14 +221,31 @@ fn info(cert: &X509Certificate<'_>, what: &'static str) -> Result<CertInfo, CaEr
             _ => {}
         }
     }
+    let mut issuer_key_id = String::new();
+    let mut key_id = String::new();
+    for ext in cert.extensions() {
+        match ext.parsed_extension() {
+            ParsedExtension::AuthorityKeyIdentifier(aki) => {
+                if let Some(id) = &aki.key_identifier {
+                    issuer_key_id = hex(id.0);
+                }
+            }
+            ParsedExtension::SubjectKeyIdentifier(id) => key_id = hex(id.0),
+            _ => {}
+        }
+    }
     Ok(CertInfo {
         not_before: cert.validity().not_before.timestamp(),
         not_after: cert.validity().not_after.timestamp(),
         names,
+        serial: hex(cert.raw_serial()),
+        issuer_key_id,
+        key_id,
+        is_ca: cert.is_ca(),
     })
 }
 
-/// Reads the validity and names of a PEM certificate.
+/// Reads the validity, names and identifiers of a PEM certificate (the first of a bundle).
 pub fn inspect(pem: &str, what: &'static str) -> Result<CertInfo, CaError> {
     let pem = parse_pem(pem, what)?;
     let cert = pem.parse_x509().map_err(|e| CaError::BadCertificate {
@@ -204,224 +255,95 @@ pub fn inspect(pem: &str, what: &'static str) -> Result<CertInfo, CaError> {
     info(&cert, what)
 }
 
-/// What has to be issued again before the stored material can be served.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Renewal {
-    /// The CA is unusable (expired, not a CA, or its key does not match); everything is new.
-    Ca(String),
-    /// The serving certificate must be re-issued by the existing CA.
-    Serving(String),
+/// Splits a PEM bundle into its certificates (each re-encoded as its own PEM block).
+pub fn split_bundle(bundle: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in bundle.lines() {
+        if line.starts_with("-----BEGIN CERTIFICATE-----") {
+            current.clear();
+        }
+        current.push_str(line.trim_end());
+        current.push('\n');
+        if line.starts_with("-----END CERTIFICATE-----") {
+            out.push(std::mem::take(&mut current));
+        }
+    }
+    out
 }
 
-fn past_two_thirds(info: &CertInfo, now: i64) -> bool {
-    let lifetime = info.not_after - info.not_before;
-    now >= info.not_before + lifetime * 2 / 3
+/// Why `ca` cannot sign at `now`, if it cannot: unparsable, not a CA, expired, or its key does not
+/// match. `None` when usable.
+pub fn ca_unusable(ca: &KeyedCert, now: i64) -> Option<String> {
+    let pem = match parse_pem(&ca.cert_pem, "the CA certificate") {
+        Ok(p) => p,
+        Err(e) => return Some(e.to_string()),
+    };
+    let cert = match pem.parse_x509() {
+        Ok(c) => c,
+        Err(e) => return Some(format!("the CA certificate does not parse: {e}")),
+    };
+    if !cert.is_ca() {
+        return Some("the CA certificate is not a CA".to_owned());
+    }
+    let not_after = cert.validity().not_after.timestamp();
+    if now >= not_after {
+        return Some("the CA certificate has expired".to_owned());
+    }
+    match KeyPair::from_pem(&ca.key_pem) {
+        Ok(key) if key.public_key_raw() == cert.public_key().subject_public_key.data.as_ref() => {
+            None
+        }
+        Ok(_) => Some("the CA key does not match the CA certificate".to_owned()),
+        Err(e) => Some(format!("the CA key does not parse: {e}")),
+    }
 }
 
-/// Whether `material` can be served as is for `names` at `now`, and if not, what to re-issue.
-pub fn renewal_needed(
-    material: &TlsMaterial,
+/// Why `serving` must be re-issued by `ca` for `names` at `now`, if it must: unparsable, not
+/// signed by `ca`, key mismatch, a missing name, or past the renewal point. `None` when it can be
+/// served as is.
+pub fn serving_renewal(
+    serving: &KeyedCert,
+    ca_cert_pem: &str,
     names: &[String],
-    now: OffsetDateTime,
-) -> Option<Renewal> {
-    let now = now.unix_timestamp();
-    let ca_pem = match parse_pem(&material.ca_cert_pem, "the CA certificate") {
+    now: i64,
+    renew_fraction: f64,
+) -> Option<String> {
+    let Ok(ca_pem) = parse_pem(ca_cert_pem, "the CA certificate") else {
+        return Some("the issuing CA does not parse".to_owned());
+    };
+    let Ok(ca) = ca_pem.parse_x509() else {
+        return Some("the issuing CA does not parse".to_owned());
+    };
+    let serving_pem = match parse_pem(&serving.cert_pem, "the serving certificate") {
         Ok(p) => p,
-        Err(e) => return Some(Renewal::Ca(e.to_string())),
+        Err(e) => return Some(e.to_string()),
     };
-    let ca = match ca_pem.parse_x509() {
+    let cert = match serving_pem.parse_x509() {
         Ok(c) => c,
-        Err(e) => {
-            return Some(Renewal::Ca(format!(
-                "the CA certificate does not parse: {e}"
-            )));
-        }
-    };
-    if !ca.is_ca() {
-        return Some(Renewal::Ca("the CA certificate is not a CA".to_owned()));
-    }
-    let ca_info = match info(&ca, "the CA certificate") {
-        Ok(i) => i,
-        Err(e) => return Some(Renewal::Ca(e.to_string())),
-    };
-    if now >= ca_info.not_after {
-        return Some(Renewal::Ca("the CA certificate has expired".to_owned()));
-    }
-    match KeyPair::from_pem(&material.ca_key_pem) {
-        Ok(key) if key.public_key_raw() == ca.public_key().subject_public_key.data.as_ref() => {}
-        Ok(_) => {
-            return Some(Renewal::Ca(
-                "the CA key does not match the CA certificate".to_owned(),
-            ));
-        }
-        Err(e) => return Some(Renewal::Ca(format!("the CA key does not parse: {e}"))),
-    }
-
-    let serving = match parse_pem(&material.cert_pem, "the serving certificate") {
-        Ok(p) => p,
-        Err(e) => return Some(Renewal::Serving(e.to_string())),
-    };
-    let cert = match serving.parse_x509() {
-        Ok(c) => c,
-        Err(e) => {
-            return Some(Renewal::Serving(format!(
-                "the serving certificate does not parse: {e}"
-            )));
-        }
+        Err(e) => return Some(format!("the serving certificate does not parse: {e}")),
     };
     if cert.verify_signature(Some(ca.public_key())).is_err() {
-        return Some(Renewal::Serving(
-            "the serving certificate is not signed by the CA".to_owned(),
-        ));
+        return Some("the serving certificate is not signed by the current CA".to_owned());
     }
-    match KeyPair::from_pem(&material.key_pem) {
+    match KeyPair::from_pem(&serving.key_pem) {
         Ok(key) if key.public_key_raw() == cert.public_key().subject_public_key.data.as_ref() => {}
-        _ => {
-            return Some(Renewal::Serving(
-                "the serving key does not match its certificate".to_owned(),
-            ));
-        }
+        _ => return Some("the serving key does not match its certificate".to_owned()),
     }
     let info = match info(&cert, "the serving certificate") {
         Ok(i) => i,
-        Err(e) => return Some(Renewal::Serving(e.to_string())),
+        Err(e) => return Some(e.to_string()),
     };
     if let Some(missing) = names.iter().find(|n| !info.names.contains(n)) {
-        return Some(Renewal::Serving(format!(
-            "the serving certificate does not name {missing:?}"
-        )));
+        return Some(format!("the serving certificate does not name {missing:?}"));
     }
-    if past_two_thirds(&info, now) {
-        return Some(Renewal::Serving(
-            "the serving certificate is past two thirds of its lifetime".to_owned(),
-        ));
+    if now >= info.renew_at(renew_fraction) {
+        return Some("the serving certificate is past its renewal point".to_owned());
     }
     None
 }
 
-/// The Secret that stores `material` in `namespace`.
-pub fn to_secret(namespace: &str, material: &TlsMaterial) -> Secret {
-    let data = BTreeMap::from([
-        (
-            TLS_CRT.to_owned(),
-            ByteString(material.cert_pem.clone().into_bytes()),
-        ),
-        (
-            TLS_KEY.to_owned(),
-            ByteString(material.key_pem.clone().into_bytes()),
-        ),
-        (
-            CA_CRT.to_owned(),
-            ByteString(material.ca_cert_pem.clone().into_bytes()),
-        ),
-        (
-            CA_KEY.to_owned(),
-            ByteString(material.ca_key_pem.clone().into_bytes()),
-        ),
-    ]);
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET_NAME.to_owned()),
-            namespace: Some(namespace.to_owned()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_owned(),
-                MANAGER.to_owned(),
-            )])),
-            ..ObjectMeta::default()
-        },
-        type_: Some("kubernetes.io/tls".to_owned()),
-        data: Some(data),
-        ..Secret::default()
-    }
-}
-
-/// The material stored in `secret`.
-pub fn from_secret(secret: &Secret) -> Result<TlsMaterial, CaError> {
-    let get = |key: &'static str| -> Result<String, CaError> {
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|d| d.get(key))
-            .ok_or(CaError::MissingKey(key))?;
-        String::from_utf8(bytes.0.clone()).map_err(|_| CaError::BadCertificate {
-            what: key,
-            reason: "not UTF-8 PEM".to_owned(),
-        })
-    };
-    Ok(TlsMaterial {
-        ca_cert_pem: get(CA_CRT)?,
-        ca_key_pem: get(CA_KEY)?,
-        cert_pem: get(TLS_CRT)?,
-        key_pem: get(TLS_KEY)?,
-    })
-}
-
-/// Makes sure the Secret holds material that can be served for `names`, creating or repairing
-/// it, and returns that material. Leader only: this is the one place Splice writes Secrets.
-pub async fn ensure(
-    api: &Api<Secret>,
-    namespace: &str,
-    names: &[String],
-) -> Result<TlsMaterial, CaError> {
-    // Concurrent writers (a leader that has not yet noticed it lost the lease) are resolved by the
-    // API server's optimistic concurrency: a conflict re-reads and decides again.
-    for _ in 0..5 {
-        let now = OffsetDateTime::now_utc();
-        let existing = api.get_opt(SECRET_NAME).await?;
-        let Some(existing) = existing else {
-            let material = new_material(names, now)?;
-            match api
-                .create(&PostParams::default(), &to_secret(namespace, &material))
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(
-                        secret = SECRET_NAME,
-                        "created the webhook CA and serving certificate"
-                    );
-                    return Ok(material);
-                }
-                Err(e) if is_conflict(&e) => continue,
-                Err(e) => return Err(e.into()),
-            }
-        };
-        let material = match from_secret(&existing) {
-            Ok(current) => match renewal_needed(&current, names, now) {
-                None => return Ok(current),
-                Some(Renewal::Serving(why)) => {
-                    tracing::info!(secret = SECRET_NAME, reason = %why, "re-issuing the serving certificate");
-                    let (cert_pem, key_pem) =
-                        issue_serving(&current.ca_cert_pem, &current.ca_key_pem, names, now)?;
-                    TlsMaterial {
-                        cert_pem,
-                        key_pem,
-                        ..current
-                    }
-                }
-                Some(Renewal::Ca(why)) => {
-                    tracing::warn!(secret = SECRET_NAME, reason = %why, "replacing the webhook CA");
-                    new_material(names, now)?
-                }
-            },
-            Err(e) => {
-                tracing::warn!(secret = SECRET_NAME, error = %e, "replacing an unusable webhook TLS Secret");
-                new_material(names, now)?
-            }
-        };
-        let mut secret = to_secret(namespace, &material);
-        secret.metadata.resource_version = existing.metadata.resource_version.clone();
-        match api
-            .replace(SECRET_NAME, &PostParams::default(), &secret)
-            .await
-        {
-            Ok(_) => return Ok(material),
-            Err(e) if is_conflict(&e) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(CaError::Contended)
-}
-
+/// A write lost to a concurrent one (409: conflict or already exists).
 pub(crate) fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
@@ -429,151 +351,187 @@ pub(crate) fn is_conflict(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use x509_parser::extensions::ParsedExtension;
 
     fn names() -> Vec<String> {
-        vec!["splice.splice-system.svc".into(), "127.0.0.1".into()]
+        vec![
+            "splice.splice-system.svc".into(),
+            "splice.splice-system.svc.cluster.local".into(),
+            "127.0.0.1".into(),
+        ]
     }
 
     fn now() -> OffsetDateTime {
         OffsetDateTime::from_unix_timestamp(1_800_000_000).unwrap()
     }
 
-    #[test]
-    fn new_material_has_explicit_validity_and_the_requested_names() {
-        let m = new_material(&names(), now()).unwrap();
-        let ca = inspect(&m.ca_cert_pem, "ca").unwrap();
-        assert_eq!(
-            ca.not_after - ca.not_before,
-            (CA_VALIDITY + BACKDATE).whole_seconds()
-        );
-        let serving = inspect(&m.cert_pem, "serving").unwrap();
-        assert_eq!(
-            serving.not_before,
-            now().unix_timestamp() - BACKDATE.whole_seconds()
-        );
-        assert_eq!(
-            serving.not_after,
-            (now() + SERVING_VALIDITY).unix_timestamp()
-        );
-        assert_eq!(serving.names, names());
-        assert!(m.key_pem.contains("PRIVATE KEY"));
-        assert_eq!(renewal_needed(&m, &names(), now()), None);
+    fn ca() -> KeyedCert {
+        new_ca(now(), Duration::days(30)).unwrap()
+    }
+
+    fn der(pem: &str) -> Vec<u8> {
+        x509_parser::pem::parse_x509_pem(pem.as_bytes())
+            .unwrap()
+            .1
+            .contents
     }
 
     #[test]
-    fn the_keys_are_ecdsa_p256() {
-        let m = new_material(&names(), now()).unwrap();
-        for pem in [&m.ca_key_pem, &m.key_pem] {
-            let key = KeyPair::from_pem(pem).unwrap();
-            assert!(key.is_compatible(&PKCS_ECDSA_P256_SHA256));
-        }
+    fn the_ca_is_a_p256_path_length_zero_cert_signing_ca_with_explicit_validity_and_key_ids() {
+        let ca = ca();
+        let der = der(&ca.cert_pem);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let bc = cert.basic_constraints().unwrap().unwrap().value;
+        assert!(bc.ca);
+        assert_eq!(bc.path_len_constraint, Some(0));
+        assert!(cert.key_usage().unwrap().unwrap().value.key_cert_sign());
+        let exts: Vec<_> = cert
+            .extensions()
+            .iter()
+            .map(|e| e.parsed_extension())
+            .collect();
+        assert!(
+            exts.iter()
+                .any(|e| matches!(e, ParsedExtension::SubjectKeyIdentifier(_)))
+        );
+        assert!(
+            exts.iter()
+                .any(|e| matches!(e, ParsedExtension::AuthorityKeyIdentifier(_)))
+        );
+        let info = inspect(&ca.cert_pem, "ca").unwrap();
+        assert_eq!(info.not_before, (now() - BACKDATE).unix_timestamp());
+        assert_eq!(
+            info.not_after,
+            (now() + Duration::days(30)).unix_timestamp()
+        );
+        assert!(info.is_ca);
+        assert!(
+            KeyPair::from_pem(&ca.key_pem)
+                .unwrap()
+                .is_compatible(&PKCS_ECDSA_P256_SHA256)
+        );
+    }
+
+    #[test]
+    fn serials_are_random_and_sixteen_bytes() {
+        let a = inspect(&ca().cert_pem, "a").unwrap();
+        let b = inspect(&ca().cert_pem, "b").unwrap();
+        assert_ne!(a.serial, b.serial);
+        assert_eq!(a.serial.len(), 32, "{}", a.serial);
+    }
+
+    #[test]
+    fn the_serving_certificate_names_every_host_is_for_server_auth_and_points_at_its_ca() {
+        let ca = ca();
+        let serving = issue_serving(&ca, &names(), now(), Duration::days(7)).unwrap();
+        let info = inspect(&serving.cert_pem, "serving").unwrap();
+        assert_eq!(info.names, names());
+        assert!(!info.is_ca);
+        assert_eq!(
+            info.issuer_key_id,
+            inspect(&ca.cert_pem, "ca").unwrap().key_id
+        );
+        let der = der(&serving.cert_pem);
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert!(
+            cert.extended_key_usage()
+                .unwrap()
+                .unwrap()
+                .value
+                .server_auth
+        );
+        assert_eq!(
+            serving_renewal(
+                &serving,
+                &ca.cert_pem,
+                &names(),
+                now().unix_timestamp(),
+                2.0 / 3.0
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn the_serving_certificate_never_outlives_its_ca() {
+        let ca = ca();
+        let serving = issue_serving(&ca, &names(), now(), Duration::days(365)).unwrap();
+        let info = inspect(&serving.cert_pem, "serving").unwrap();
+        assert_eq!(
+            info.not_after,
+            inspect(&ca.cert_pem, "ca").unwrap().not_after
+        );
+    }
+
+    #[test]
+    fn the_serving_certificate_is_renewed_at_the_configured_fraction_of_its_life() {
+        let ca = ca();
+        let serving = issue_serving(&ca, &names(), now(), Duration::days(9)).unwrap();
+        let at = |days: i64| (now() + Duration::days(days)).unix_timestamp();
+        // Lifetime is 9 days plus the 5-minute backdate: 2/3 falls just before day 6.
+        assert_eq!(
+            serving_renewal(&serving, &ca.cert_pem, &names(), at(5), 2.0 / 3.0),
+            None
+        );
+        assert!(serving_renewal(&serving, &ca.cert_pem, &names(), at(6), 2.0 / 3.0).is_some());
+        assert_eq!(
+            serving_renewal(&serving, &ca.cert_pem, &names(), at(7), 0.9),
+            None
+        );
+    }
+
+    #[test]
+    fn a_serving_certificate_missing_a_name_or_from_another_ca_is_reissued() {
+        let a = ca();
+        let b = ca();
+        let serving = issue_serving(&a, &names(), now(), Duration::days(7)).unwrap();
+        let t = now().unix_timestamp();
+        let other = serving_renewal(&serving, &b.cert_pem, &names(), t, 2.0 / 3.0).unwrap();
+        assert!(other.contains("not signed"), "{other}");
+        let mut more = names();
+        more.push("10.0.0.7".into());
+        let missing = serving_renewal(&serving, &a.cert_pem, &more, t, 2.0 / 3.0).unwrap();
+        assert!(missing.contains("10.0.0.7"), "{missing}");
+    }
+
+    #[test]
+    fn an_expired_or_mismatched_or_garbage_ca_is_unusable() {
+        let a = ca();
+        let t = now().unix_timestamp();
+        assert_eq!(ca_unusable(&a, t), None);
+        let expired = (now() + Duration::days(31)).unix_timestamp();
+        assert!(ca_unusable(&a, expired).unwrap().contains("expired"));
+        let b = ca();
+        let mixed = KeyedCert {
+            cert_pem: a.cert_pem.clone(),
+            key_pem: b.key_pem,
+        };
+        assert!(ca_unusable(&mixed, t).unwrap().contains("key"));
+        let garbage = KeyedCert {
+            cert_pem: "nope".into(),
+            key_pem: "nope".into(),
+        };
+        assert!(ca_unusable(&garbage, t).is_some());
+        let serving = issue_serving(&a, &names(), now(), Duration::days(7)).unwrap();
+        assert!(ca_unusable(&serving, t).unwrap().contains("not a CA"));
     }
 
     #[test]
     fn debug_output_never_contains_a_private_key() {
-        let m = new_material(&names(), now()).unwrap();
-        assert!(!format!("{m:?}").contains("PRIVATE KEY"));
+        assert!(!format!("{:?}", ca()).contains("PRIVATE KEY"));
     }
 
     #[test]
-    fn a_secret_round_trips_the_material() {
-        let m = new_material(&names(), now()).unwrap();
-        let s = to_secret("ns", &m);
-        assert_eq!(s.type_.as_deref(), Some("kubernetes.io/tls"));
-        assert_eq!(from_secret(&s).unwrap(), m);
-    }
-
-    #[test]
-    fn a_secret_without_the_ca_key_is_reported_by_key_name() {
-        let m = new_material(&names(), now()).unwrap();
-        let mut s = to_secret("ns", &m);
-        s.data.as_mut().unwrap().remove(CA_KEY);
-        assert!(matches!(
-            from_secret(&s),
-            Err(CaError::MissingKey("ca.key"))
-        ));
-    }
-
-    #[test]
-    fn a_new_name_reissues_the_serving_certificate_from_the_same_ca() {
-        let m = new_material(&names(), now()).unwrap();
-        let mut wanted = names();
-        wanted.push("10.0.0.7".into());
-        assert!(
-            matches!(renewal_needed(&m, &wanted, now()), Some(Renewal::Serving(r)) if r.contains("10.0.0.7"))
+    fn a_bundle_splits_into_its_certificates_in_order() {
+        let a = ca();
+        let b = ca();
+        let bundle = format!("{}{}", a.cert_pem, b.cert_pem);
+        let parts = split_bundle(&bundle);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            inspect(&parts[1], "b").unwrap(),
+            inspect(&b.cert_pem, "b").unwrap()
         );
-        let (cert_pem, key_pem) =
-            issue_serving(&m.ca_cert_pem, &m.ca_key_pem, &wanted, now()).unwrap();
-        let renewed = TlsMaterial {
-            cert_pem,
-            key_pem,
-            ..m
-        };
-        assert_eq!(renewal_needed(&renewed, &wanted, now()), None);
-    }
-
-    #[test]
-    fn the_serving_certificate_is_renewed_after_two_thirds_of_its_life() {
-        let m = new_material(&names(), now()).unwrap();
-        let early = now() + Duration::days(200);
-        assert_eq!(renewal_needed(&m, &names(), early), None);
-        let late = now() + Duration::days(250);
-        assert!(matches!(
-            renewal_needed(&m, &names(), late),
-            Some(Renewal::Serving(_))
-        ));
-    }
-
-    #[test]
-    fn a_serving_certificate_from_another_ca_is_reissued() {
-        let a = new_material(&names(), now()).unwrap();
-        let b = new_material(&names(), now()).unwrap();
-        let mixed = TlsMaterial {
-            cert_pem: b.cert_pem,
-            key_pem: b.key_pem,
-            ..a
-        };
-        assert!(
-            matches!(renewal_needed(&mixed, &names(), now()), Some(Renewal::Serving(r)) if r.contains("not signed"))
-        );
-    }
-
-    #[test]
-    fn an_expired_or_mismatched_ca_is_replaced() {
-        let a = new_material(&names(), now()).unwrap();
-        let later = now() + CA_VALIDITY + Duration::days(1);
-        assert!(matches!(
-            renewal_needed(&a, &names(), later),
-            Some(Renewal::Ca(_))
-        ));
-        let b = new_material(&names(), now()).unwrap();
-        let wrong_key = TlsMaterial {
-            ca_key_pem: b.ca_key_pem,
-            ..a
-        };
-        assert!(
-            matches!(renewal_needed(&wrong_key, &names(), now()), Some(Renewal::Ca(r)) if r.contains("key"))
-        );
-    }
-
-    #[test]
-    fn garbage_in_the_secret_is_not_a_panic() {
-        let m = TlsMaterial {
-            ca_cert_pem: "nope".into(),
-            ca_key_pem: "nope".into(),
-            cert_pem: "nope".into(),
-            key_pem: "nope".into(),
-        };
-        assert!(matches!(
-            renewal_needed(&m, &names(), now()),
-            Some(Renewal::Ca(_))
-        ));
-        assert!(
-            inspect(
-                "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
-                "x"
-            )
-            .is_err()
-        );
+        assert!(split_bundle("garbage").is_empty());
     }
 }

@@ -2,10 +2,12 @@
 //! holds the Lease also turns policies into webhook configurations, keeps the CA Secret and writes
 //! status and Events.
 //!
-//! Layout: pure decisions in [`render`], [`conditions`] and [`conflicts`]; API calls in
-//! [`reconcile`] (one policy), [`ca`] (the Secret) and [`leader`] (the Lease); wiring here.
+//! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`ca`] and [`rotation`];
+//! API calls in [`reconcile`] (one policy), [`certs`] (the CA Secrets) and [`leader`] (the Lease);
+//! wiring here.
 
 pub mod ca;
+pub mod certs;
 pub mod conditions;
 pub mod conflicts;
 pub mod coverage;
@@ -14,6 +16,7 @@ pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 pub mod render;
+pub mod rotation;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,7 +27,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -61,6 +64,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub lease: LeaseConfig,
+    /// Certificate lifetimes, renewal point and rotation delays.
+    pub certs: rotation::Timing,
 }
 
 /// What every reconcile reads and shares.
@@ -248,6 +253,7 @@ pub async fn run(
     let (namespaces_synced_tx, namespaces_synced) = watch::channel(false);
     let (ca_tx, ca_rx) = watch::channel::<Option<Arc<String>>>(None);
     let (secret_changed_tx, secret_changed) = watch::channel(0u64);
+    let (served_tx, served_rx) = watch::channel(String::new());
     let mut background: Vec<JoinHandle<()>> = vec![
         tokio::spawn(feed_policy_store(
             policy_api(&client),
@@ -261,12 +267,20 @@ pub async fn run(
             Arc::clone(&namespaces),
             namespaces_synced_tx,
         )),
-        tokio::spawn(load_certificate(
+        tokio::spawn(certs::load_certificates(
             Api::namespaced(client.clone(), &settings.namespace),
             Arc::clone(&resolver),
             Arc::clone(&metrics),
             ca_tx,
             secret_changed_tx,
+            served_tx,
+        )),
+        tokio::spawn(certs::report_serving(
+            Api::namespaced(client.clone(), &settings.namespace),
+            settings.lease.identity.clone(),
+            served_rx,
+            settings.lease.retry_period,
+            settings.lease.lease_duration,
         )),
         tokio::spawn(track_readiness(
             Arc::clone(&readiness),
@@ -382,15 +396,13 @@ async fn lead(
     policies_changed: watch::Receiver<u64>,
     secret_changed: watch::Receiver<u64>,
 ) {
-    let ca_task = tokio::spawn(maintain_ca(
-        Api::namespaced(client.clone(), &settings.namespace),
-        settings.namespace.clone(),
-        settings.serving_names.clone(),
-        secret_changed,
-    ));
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
+    let ca_task = tokio::spawn(certs::maintain_ca(
+        certs::Keeper::new(&client, &settings, controller.store()),
+        secret_changed,
+    ));
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),
         controller.store(),
@@ -433,35 +445,6 @@ async fn lead(
     ca_task.abort();
     janitor_task.abort();
     coverage_task.abort();
-}
-
-/// Ensures the CA Secret at the start of leadership, whenever the Secret changes (someone deleted
-/// it: recreate it) and hourly (the serving certificate's renewal point).
-async fn maintain_ca(
-    api: Api<Secret>,
-    namespace: String,
-    names: Vec<String>,
-    mut secret_changed: watch::Receiver<u64>,
-) {
-    let mut failures = 0u32;
-    loop {
-        let wait = match ca::ensure(&api, &namespace, &names).await {
-            Ok(_) => {
-                failures = 0;
-                Duration::from_secs(3600)
-            }
-            Err(e) => {
-                failures += 1;
-                let delay = reconcile::backoff(failures).min(Duration::from_secs(30));
-                tracing::warn!(error = %e, kind = e.label(), retry_in = ?delay, "could not ensure the webhook CA Secret");
-                delay
-            }
-        };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            changed = secret_changed.changed() => if changed.is_err() { return },
-        }
-    }
 }
 
 /// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage
@@ -656,65 +639,6 @@ async fn feed_namespace_store(
             }
             Err(e) => tracing::warn!(error = %e, "watching Namespaces"),
         }
-    }
-}
-
-/// Loads the serving certificate from the Secret into the webhook server and publishes the CA
-/// bundle, on every replica; reacts to every change of the Secret.
-async fn load_certificate(
-    api: Api<Secret>,
-    resolver: Arc<CertResolver>,
-    metrics: Arc<Metrics>,
-    ca_bundle: watch::Sender<Option<Arc<String>>>,
-    secret_changed: watch::Sender<u64>,
-) {
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", ca::SECRET_NAME));
-    let mut events = std::pin::pin!(watcher(api, config).default_backoff().touched_objects());
-    let mut loaded: Option<ca::TlsMaterial> = None;
-    while let Some(event) = events.next().await {
-        let secret = match event {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "watching the webhook TLS Secret");
-                continue;
-            }
-        };
-        secret_changed.send_modify(|n| *n = n.wrapping_add(1));
-        if secret.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let material = match ca::from_secret(&secret) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "the webhook TLS Secret is unusable; keeping the current certificate");
-                continue;
-            }
-        };
-        if loaded.as_ref() == Some(&material) {
-            continue;
-        }
-        if let Err(e) = resolver.swap_pem(material.cert_pem.as_bytes(), material.key_pem.as_bytes())
-        {
-            tracing::warn!(error = %e, "the serving certificate does not load; keeping the current one");
-            continue;
-        }
-        for (label, pem) in [
-            ("serving", &material.cert_pem),
-            ("ca", &material.ca_cert_pem),
-        ] {
-            if let Ok(info) = ca::inspect(pem, label) {
-                metrics.set_certificate_expiry(label, info.not_after);
-            }
-        }
-        tracing::info!(secret = ca::SECRET_NAME, "serving certificate loaded");
-        ca_bundle.send_if_modified(|current| {
-            let same = current.as_deref() == Some(&material.ca_cert_pem);
-            if !same {
-                *current = Some(Arc::new(material.ca_cert_pem.clone()));
-            }
-            !same
-        });
-        loaded = Some(material);
     }
 }
 

@@ -133,6 +133,7 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
         },
+        certs: crate::controller::rotation::Timing::default(),
     };
     let (store, mut writer) = reflector::store();
     for p in policies {
