@@ -11,6 +11,7 @@ use splice_crds::{
     Operation, STATUS_ANNOTATION,
 };
 
+mod cache;
 pub mod explain;
 mod patch;
 mod plan;
@@ -77,6 +78,8 @@ pub struct CompiledPolicy {
     values_ctx: JValue,
     /// The render context when no template reads `pod` or `namespace`.
     static_ctx: JValue,
+    /// Renderings reused across requests when no template reads `pod`.
+    render_cache: cache::RenderCache,
 }
 
 impl CompiledPolicy {
@@ -153,6 +156,7 @@ impl CompiledPolicy {
             policy_ctx,
             values_ctx,
             static_ctx,
+            render_cache: cache::RenderCache::default(),
         })
     }
     pub fn name(&self) -> &str {
@@ -446,6 +450,72 @@ fn run(
     let status = plan::Status::read(&view, &policy.name);
 
     let deps = policy.templates.deps;
+    let meta_only = request.operation == Operation::Update;
+    let cached;
+    let fresh;
+    let rendered = if deps.pod {
+        fresh = render(policy, request, &status, meta_only)?;
+        &fresh
+    } else {
+        let scope = if deps.namespace_beyond_name {
+            cache::Scope::NamespaceContext
+        } else if deps.namespace {
+            cache::Scope::NamespaceName
+        } else {
+            cache::Scope::Policy
+        };
+        cached = policy
+            .render_cache
+            .get_or_render(scope, meta_only, request.namespace, || {
+                render(policy, request, &status, meta_only)?
+                    .to_owned_rendering()
+                    .map_err(|e| EngineError::InvalidObject(e.to_string()))
+            })?;
+        fresh = cached.borrow();
+        &fresh
+    };
+    let plan = plan::plan(plan::PlanInput {
+        policy: &policy.name,
+        hash: &policy.hash,
+        operation: request.operation,
+        object: request.object,
+        view: &view,
+        status: &status,
+        rendered,
+    })?;
+    let patch =
+        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let object = if want_object {
+        let mut doc = parse_value(request.object)?;
+        patch::apply(&mut doc, &plan.ops).map_err(|e| {
+            EngineError::InvalidObject(format!(
+                "the engine produced an inapplicable patch: {}",
+                e.0
+            ))
+        })?;
+        Some(doc)
+    } else {
+        None
+    };
+    Ok((
+        Decision::Inject(Injection {
+            changed: !plan.ops.is_empty(),
+            patch,
+            warnings: plan.warnings,
+        }),
+        object,
+    ))
+}
+
+/// Renders every template of `policy` for this request, and checks names that only exist after
+/// rendering.
+fn render<'p>(
+    policy: &'p CompiledPolicy,
+    request: &PodRequest<'_>,
+    status: &plan::Status,
+    meta_only: bool,
+) -> Result<template::Rendered<'p>, EngineError> {
+    let deps = policy.templates.deps;
     let ctx = if deps.pod || deps.namespace {
         let pod = if deps.pod {
             let mut value = parse_value(request.object)?;
@@ -477,7 +547,6 @@ fn run(
     } else {
         policy.static_ctx.clone()
     };
-    let meta_only = request.operation == Operation::Update;
     let rendered = policy
         .templates
         .render(&ctx, meta_only)
@@ -489,37 +558,7 @@ fn run(
     if deps.pod || deps.namespace {
         check_rendered_names(&policy.name, &rendered)?;
     }
-    let plan = plan::plan(plan::PlanInput {
-        policy: &policy.name,
-        hash: &policy.hash,
-        operation: request.operation,
-        object: request.object,
-        view: &view,
-        status: &status,
-        rendered: &rendered,
-    })?;
-    let patch =
-        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
-    let object = if want_object {
-        let mut doc = parse_value(request.object)?;
-        patch::apply(&mut doc, &plan.ops).map_err(|e| {
-            EngineError::InvalidObject(format!(
-                "the engine produced an inapplicable patch: {}",
-                e.0
-            ))
-        })?;
-        Some(doc)
-    } else {
-        None
-    };
-    Ok((
-        Decision::Inject(Injection {
-            changed: !plan.ops.is_empty(),
-            patch,
-            warnings: plan.warnings,
-        }),
-        object,
-    ))
+    Ok(rendered)
 }
 
 /// Names that only exist after rendering must still be unique.

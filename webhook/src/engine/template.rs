@@ -31,6 +31,9 @@ const ALLOWED_NAMES: [&str; 6] = ["pod", "namespace", "policy", "values", "range
 pub(crate) struct Deps {
     pub pod: bool,
     pub namespace: bool,
+    /// Some template reads more of the namespace than its name (labels, annotations, or the
+    /// whole object): a cached rendering is then only valid for an identical namespace context.
+    pub namespace_beyond_name: bool,
 }
 
 impl Deps {
@@ -41,6 +44,7 @@ impl Deps {
         Deps {
             pod: self.pod || other.pod,
             namespace: self.namespace || other.namespace,
+            namespace_beyond_name: self.namespace_beyond_name || other.namespace_beyond_name,
         }
     }
 }
@@ -117,6 +121,90 @@ pub(crate) struct Rendered<'t> {
     pub volume_mounts: Vec<RItem<'t>>,
     pub labels: Vec<(&'t str, Cow<'t, str>)>,
     pub annotations: Vec<(&'t str, Cow<'t, str>)>,
+}
+
+/// A rendering that does not depend on the pod, owned so that it can outlive the request that
+/// produced it: items keep their JSON serialized once, and later requests write those bytes.
+#[derive(Debug)]
+pub(crate) struct OwnedRendered {
+    init_containers: Vec<OwnedItem>,
+    containers: Vec<OwnedItem>,
+    volumes: Vec<OwnedItem>,
+    env: Vec<OwnedItem>,
+    volume_mounts: Vec<OwnedItem>,
+    labels: Vec<(String, String)>,
+    annotations: Vec<(String, String)>,
+}
+
+#[derive(Debug)]
+struct OwnedItem {
+    key: String,
+    value: Value,
+    json: String,
+    field: String,
+}
+
+impl Rendered<'_> {
+    pub fn to_owned_rendering(&self) -> Result<OwnedRendered, serde_json::Error> {
+        let items = |list: &[RItem<'_>]| {
+            list.iter()
+                .map(|i| {
+                    Ok(OwnedItem {
+                        key: i.key.to_string(),
+                        value: i.value.as_ref().clone(),
+                        json: match i.json {
+                            Some(json) => json.to_owned(),
+                            None => serde_json::to_string(i.value.as_ref())?,
+                        },
+                        field: i.field.to_owned(),
+                    })
+                })
+                .collect::<Result<Vec<_>, serde_json::Error>>()
+        };
+        let strings = |list: &[(&str, Cow<'_, str>)]| {
+            list.iter()
+                .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+                .collect()
+        };
+        Ok(OwnedRendered {
+            init_containers: items(&self.init_containers)?,
+            containers: items(&self.containers)?,
+            volumes: items(&self.volumes)?,
+            env: items(&self.env)?,
+            volume_mounts: items(&self.volume_mounts)?,
+            labels: strings(&self.labels),
+            annotations: strings(&self.annotations),
+        })
+    }
+}
+
+impl OwnedRendered {
+    pub fn borrow(&self) -> Rendered<'_> {
+        fn items(list: &[OwnedItem]) -> Vec<RItem<'_>> {
+            list.iter()
+                .map(|i| RItem {
+                    key: Cow::Borrowed(i.key.as_str()),
+                    value: Cow::Borrowed(&i.value),
+                    json: Some(i.json.as_str()),
+                    field: i.field.as_str(),
+                })
+                .collect()
+        }
+        fn strings(list: &[(String, String)]) -> Vec<(&str, Cow<'_, str>)> {
+            list.iter()
+                .map(|(k, v)| (k.as_str(), Cow::Borrowed(v.as_str())))
+                .collect()
+        }
+        Rendered {
+            init_containers: items(&self.init_containers),
+            containers: items(&self.containers),
+            volumes: items(&self.volumes),
+            env: items(&self.env),
+            volume_mounts: items(&self.volume_mounts),
+            labels: strings(&self.labels),
+            annotations: strings(&self.annotations),
+        }
+    }
 }
 
 pub(crate) struct Templates {
@@ -566,6 +654,13 @@ impl Compiler {
         }
         let mut vars: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
         vars.sort();
+        // Anything but `namespace.name` (and attributes of that string) counts as reading the
+        // whole namespace, including a bare `namespace` handed to a filter or a variable.
+        deps.namespace_beyond_name = vars.iter().any(|v| {
+            v.split('.').next() == Some("namespace")
+                && v != "namespace.name"
+                && !v.starts_with("namespace.name.")
+        });
         let hole = Hole {
             path: path.to_vec(),
             field: field.to_owned(),
