@@ -87,6 +87,8 @@ pub struct SpliceOptions {
     pub lease: Option<(u64, u64, u64)>,
     /// Name for the log file under `target/e2e-logs/`.
     pub log_name: String,
+    /// More `splice run` arguments, e.g. `--fail-closed-hold 5s`.
+    pub extra_args: Vec<String>,
 }
 
 impl SpliceOptions {
@@ -99,6 +101,7 @@ impl SpliceOptions {
             url_port: None,
             lease: None,
             log_name: format!("splice-{instance}"),
+            extra_args: Vec::new(),
         }
     }
 }
@@ -158,6 +161,7 @@ impl Splice {
                 .arg("--lease-retry-period")
                 .arg(retry.to_string());
         }
+        cmd.args(&options.extra_args);
         let child = ChildGuard::spawn(&mut cmd)?;
         let splice = Splice {
             child: Some(child),

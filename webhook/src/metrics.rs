@@ -272,6 +272,7 @@ pub struct Metrics {
     reconcile: LabelMap<AtomicU64>,
     reconcile_duration: Histogram,
     certificate_expiry: LabelMap<AtomicI64>,
+    availability_guard: LabelMap<AtomicI64>,
     /// Per policy: matched, current, outdated, missed pods (see `set_coverage`).
     coverage: ArcSwap<HashMap<String, [i64; 4]>>,
 }
@@ -292,6 +293,7 @@ impl Metrics {
             reconcile: LabelMap::new(),
             reconcile_duration: Histogram::new(&RECONCILE_BUCKETS),
             certificate_expiry: LabelMap::new(),
+            availability_guard: LabelMap::new(),
             coverage: ArcSwap::from_pointee(HashMap::new()),
         }
     }
@@ -326,6 +328,16 @@ impl Metrics {
         self.certificate_expiry
             .get_or_create(cert, || AtomicI64::new(0))
             .store(not_after_unix_seconds, Ordering::Relaxed);
+    }
+
+    /// Records the availability guard's current state (`available` or why `Fail` is not in
+    /// force): that label is 1, every label seen before is 0.
+    pub fn set_availability_guard(&self, reason: &str) {
+        self.availability_guard
+            .get_or_create(reason, || AtomicI64::new(0));
+        for (label, value) in self.availability_guard.sorted() {
+            value.store(i64::from(label == reason), Ordering::Relaxed);
+        }
     }
 
     /// The whole registry in the Prometheus text exposition format.
@@ -438,6 +450,21 @@ impl Metrics {
 
         header(
             &mut out,
+            "splice_availability_guard",
+            "gauge",
+            "1 for the availability guard's current state: available (Fail may be in force) or the reason it is not.",
+        );
+        for (reason, on) in self.availability_guard.sorted() {
+            sample(
+                &mut out,
+                "splice_availability_guard",
+                &[("reason", reason.as_str())],
+                on.load(Ordering::Relaxed),
+            );
+        }
+
+        header(
+            &mut out,
             "splice_coverage_pods",
             "gauge",
             "Pods a policy selects, by state: matched, injected with the current or an outdated template, and missed (matched but not injected).",
@@ -534,6 +561,22 @@ mod tests {
             Some("1")
         );
         assert!(!text.contains(r#"outcome="skipped""#));
+    }
+
+    #[test]
+    fn the_availability_guard_gauge_marks_only_the_current_state() {
+        let metrics = Metrics::new();
+        metrics.set_availability_guard("insufficient_replicas");
+        metrics.set_availability_guard("available");
+        let text = metrics.render();
+        let value = |reason: &str| {
+            line_value(
+                &text,
+                &format!(r#"splice_availability_guard{{reason="{reason}"}}"#),
+            )
+        };
+        assert_eq!(value("available").as_deref(), Some("1"));
+        assert_eq!(value("insufficient_replicas").as_deref(), Some("0"));
     }
 
     #[test]

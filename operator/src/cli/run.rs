@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::ValueEnum;
 
-use crate::controller::{self, Settings, leader::LeaseConfig, render::ClientTarget};
+use crate::controller::{
+    self, Settings, guard::GuardConfig, leader::LeaseConfig, render::ClientTarget,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -38,6 +40,17 @@ pub struct Args {
     /// every policy. Lets independent Splice instances share a cluster.
     #[arg(long, env = "SPLICE_POLICY_SELECTOR")]
     policy_selector: Option<String>,
+
+    /// Splice's own Deployment (in --namespace): `Fail` is only put in force while it has at
+    /// least 2 available replicas and a PodDisruptionBudget keeps one of them.
+    #[arg(long, env = "SPLICE_DEPLOYMENT_NAME", default_value = "splice")]
+    deployment_name: String,
+
+    /// How long the Deployment and its PodDisruptionBudget must stay sufficient before `Fail`
+    /// is put back in force (e.g. `60s`, `2m`; a bare number is seconds). Losing them switches
+    /// to Ignore at once.
+    #[arg(long, env = "SPLICE_FAIL_CLOSED_HOLD", default_value = "60s", value_parser = parse_duration)]
+    fail_closed_hold: Duration,
 
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
@@ -143,7 +156,36 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         listen: args.listen,
         admin_listen: args.admin_listen,
         lease,
+        guard: GuardConfig {
+            namespace: args.namespace.clone(),
+            deployment: args.deployment_name.clone(),
+            hold: args.fail_closed_hold,
+        },
     })
+}
+
+/// `90`, `90s`, `5m` or `1h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 60s, 5m or 1h"))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown unit {unit:?} (use s, m or h)"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 /// Unique per process, so two replicas on one host never share an identity.
@@ -266,6 +308,28 @@ mod tests {
     fn inconsistent_lease_timings_are_refused() {
         let err = parse(&["--lease-duration", "5", "--lease-renew-deadline", "5"]).unwrap_err();
         assert!(err.contains("renew deadline"), "{err}");
+    }
+
+    #[test]
+    fn the_guard_reads_the_splice_deployment_and_holds_a_minute_unless_told_otherwise() {
+        let s = parse(&["--namespace", "ops"]).unwrap();
+        assert_eq!(s.guard.deployment, "splice");
+        assert_eq!(s.guard.namespace, "ops");
+        assert_eq!(s.guard.hold, Duration::from_secs(60));
+        let s = parse(&["--deployment-name", "hook", "--fail-closed-hold", "5s"]).unwrap();
+        assert_eq!(s.guard.deployment, "hook");
+        assert_eq!(s.guard.hold, Duration::from_secs(5));
+        assert_eq!(
+            parse(&["--fail-closed-hold", "2m"]).unwrap().guard.hold,
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            parse(&["--fail-closed-hold", "7"]).unwrap().guard.hold,
+            Duration::from_secs(7)
+        );
+        let err = parse(&["--fail-closed-hold", "5 days"]).unwrap_err();
+        assert!(err.contains("unknown unit"), "{err}");
+        assert!(parse(&["--fail-closed-hold", "s"]).is_err());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use splice_crds::{
 };
 
 use super::conflicts::Conflict;
+use super::guard::GuardStatus;
 
 /// The failure policy actually written into the webhook, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,32 +24,44 @@ impl FailurePolicyDecision {
     }
 }
 
-/// Reason of FailClosed=False while `Fail` is requested but not yet allowed.
-pub const REASON_GUARD_NOT_IMPLEMENTED: &str = "AvailabilityGuardNotImplemented";
+/// Reasons of the FailClosed condition when the requested policy is in force; any other reason is
+/// the availability guard's and means `Fail` was downgraded.
+pub const REASON_IGNORE_REQUESTED: &str = "IgnoreRequested";
+pub const REASON_FAIL_IN_FORCE: &str = "FailInForce";
 
-/// The failure policy in force for a policy that requests `requested`.
+/// The failure policy in force for a policy that requests `requested`, given what the
+/// availability guard found.
 ///
-/// `Fail` makes every matching pod creation depend on Splice being reachable; it is only safe once
-/// Splice can prove its own availability (at least two available replicas and a
-/// PodDisruptionBudget). This version cannot check that yet, so it always writes `Ignore`.
-pub fn effective_failure_policy(requested: FailurePolicy) -> FailurePolicyDecision {
-    match requested {
-        FailurePolicy::Ignore => FailurePolicyDecision {
+/// `Fail` makes every matching pod creation depend on Splice being reachable; it is only put in
+/// force while the guard has verified Splice's own availability (see [`super::guard`]).
+pub fn effective_failure_policy(
+    requested: FailurePolicy,
+    guard: &GuardStatus,
+) -> FailurePolicyDecision {
+    match (requested, &guard.blocked) {
+        (FailurePolicy::Ignore, _) => FailurePolicyDecision {
             effective: FailurePolicy::Ignore,
-            reason: "IgnoreRequested",
+            reason: REASON_IGNORE_REQUESTED,
             message: "spec.failurePolicy is Ignore: when the webhook cannot be reached, pods are \
                       admitted without injection."
                 .to_owned(),
         },
-        FailurePolicy::Fail => FailurePolicyDecision {
-            effective: FailurePolicy::Ignore,
-            reason: REASON_GUARD_NOT_IMPLEMENTED,
-            message: "spec.failurePolicy is Fail, but the webhook is written with Ignore: Splice \
-                      only puts Fail in force once it can verify its own availability (at least \
-                      2 available replicas and a PodDisruptionBudget), and this version does not \
-                      check that yet. Until then, when the webhook cannot be reached, pods are \
-                      admitted without injection."
+        (FailurePolicy::Fail, None) => FailurePolicyDecision {
+            effective: FailurePolicy::Fail,
+            reason: REASON_FAIL_IN_FORCE,
+            message: "spec.failurePolicy is Fail and Splice is available (at least 2 available \
+                      replicas and a PodDisruptionBudget that keeps one): matching pods are not \
+                      admitted while the webhook cannot be reached."
                 .to_owned(),
+        },
+        (FailurePolicy::Fail, Some((reason, why))) => FailurePolicyDecision {
+            effective: FailurePolicy::Ignore,
+            reason: reason.as_str(),
+            message: format!(
+                "spec.failurePolicy is Fail, but the webhook is written with Ignore: {why}. Until \
+                 that is fixed, when the webhook cannot be reached, pods are admitted without \
+                 injection."
+            ),
         },
     }
 }
@@ -305,7 +318,10 @@ pub fn planned_events(
 fn severity(type_: &str, status: &str, reason: &str) -> Severity {
     let bad = match type_ {
         condition::READY | condition::WEBHOOK_CONFIGURED => status != "True" && reason != "Paused",
-        condition::FAIL_CLOSED => reason == REASON_GUARD_NOT_IMPLEMENTED,
+        // Fail was requested but is not in force: the guard's reason.
+        condition::FAIL_CLOSED => {
+            reason != REASON_IGNORE_REQUESTED && reason != REASON_FAIL_IN_FORCE
+        }
         condition::CONFLICTED => status == "True",
         _ => false,
     };
@@ -329,6 +345,7 @@ fn action(type_: &str) -> &'static str {
 mod tests {
     use super::*;
     use crate::controller::conflicts::ItemKind;
+    use crate::controller::guard::Reason;
 
     fn ts(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()
@@ -362,21 +379,32 @@ mod tests {
     }
 
     #[test]
-    fn requesting_fail_is_downgraded_to_ignore_with_a_reason_a_person_understands() {
-        let d = effective_failure_policy(FailurePolicy::Fail);
+    fn requesting_fail_is_downgraded_to_ignore_with_the_guards_reason_until_the_guard_allows_it() {
+        let blocked = GuardStatus {
+            blocked: Some((
+                Reason::InsufficientReplicas,
+                "Deployment splice has 1 available replica(s)".into(),
+            )),
+        };
+        let d = effective_failure_policy(FailurePolicy::Fail, &blocked);
         assert_eq!(d.effective, FailurePolicy::Ignore);
         assert!(!d.fail_closed());
-        assert_eq!(d.reason, REASON_GUARD_NOT_IMPLEMENTED);
-        assert!(d.message.contains("2 available replicas"));
+        assert_eq!(d.reason, "InsufficientReplicas");
+        assert!(d.message.contains("1 available replica"), "{}", d.message);
+
+        let d = effective_failure_policy(FailurePolicy::Fail, &GuardStatus { blocked: None });
+        assert_eq!(d.effective, FailurePolicy::Fail);
+        assert!(d.fail_closed());
         assert_eq!(
-            effective_failure_policy(FailurePolicy::Ignore).effective,
+            effective_failure_policy(FailurePolicy::Ignore, &GuardStatus { blocked: None })
+                .effective,
             FailurePolicy::Ignore
         );
     }
 
     #[test]
     fn an_applied_policy_is_ready_with_every_condition_at_its_generation() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = applied();
         let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
         assert_eq!(s.observed_generation, Some(2));
@@ -397,7 +425,7 @@ mod tests {
 
     #[test]
     fn recomputing_an_unchanged_status_is_equal_so_nothing_is_written() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = applied();
         let first = desired_status(None, &obs(&w, &fp, &[]), ts(1));
         let again = desired_status(Some(&first), &obs(&w, &fp, &[]), ts(500));
@@ -407,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_paused_policy_is_not_ready_and_names_no_configuration() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = WebhookOutcome::Paused {
             configuration: "splice-p".into(),
         };
@@ -423,7 +451,7 @@ mod tests {
 
     #[test]
     fn an_invalid_template_says_why_and_drops_the_hash() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = WebhookOutcome::Invalid {
             configuration: "splice-p".into(),
             error: "spec.template.containers[0].image: undefined variable `values.nope`".into(),
@@ -439,7 +467,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_keeps_the_configuration_name_it_had() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let ok = applied();
         let before = desired_status(None, &obs(&ok, &fp, &[]), ts(1));
         let failed = WebhookOutcome::Failed {
@@ -457,7 +485,7 @@ mod tests {
 
     #[test]
     fn conflicts_mark_the_policy_conflicted_naming_the_other_and_the_item() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = applied();
         let c = [Conflict {
             other: "b".into(),
@@ -473,7 +501,7 @@ mod tests {
 
     #[test]
     fn a_long_conflict_list_is_shortened() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = applied();
         let c: Vec<Conflict> = (0..8)
             .map(|i| Conflict {
@@ -492,18 +520,18 @@ mod tests {
 
     #[test]
     fn a_new_policy_announces_readiness_and_warnings_only() {
-        let fp = effective_failure_policy(FailurePolicy::Fail);
+        let fp = effective_failure_policy(FailurePolicy::Fail, &GuardStatus::not_observed());
         let w = applied();
         let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
         let events = planned_events(None, &s);
         let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, vec!["Configured", REASON_GUARD_NOT_IMPLEMENTED]);
+        assert_eq!(reasons, vec!["Configured", "AvailabilityNotObserved"]);
         assert_eq!(events[1].severity, Severity::Warning);
     }
 
     #[test]
     fn pausing_and_new_templates_are_events_but_generation_bumps_alone_are_not() {
-        let fp = effective_failure_policy(FailurePolicy::Ignore);
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = applied();
         let first = desired_status(None, &obs(&w, &fp, &[]), ts(1));
 

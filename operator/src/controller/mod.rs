@@ -11,6 +11,7 @@ pub mod certs;
 pub mod conditions;
 pub mod conflicts;
 pub mod coverage;
+pub mod guard;
 pub mod leader;
 pub mod reconcile;
 #[cfg(test)]
@@ -66,6 +67,8 @@ pub struct Settings {
     pub lease: LeaseConfig,
     /// Certificate lifetimes, renewal point and rotation delays.
     pub certs: rotation::Timing,
+    /// Where the availability guard looks (Splice's Deployment) and how long it holds.
+    pub guard: guard::GuardConfig,
 }
 
 /// What every reconcile reads and shares.
@@ -85,6 +88,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Whether this replica holds the Lease; checked before every write.
     pub leading: watch::Receiver<bool>,
+    /// Whether the availability guard lets `Fail` be in force.
+    pub guard: watch::Receiver<guard::GuardStatus>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -120,9 +125,16 @@ impl Context {
             ca_bundle,
             metrics,
             leading,
+            // Until a guard is attached, `Fail` is never in force.
+            guard: watch::channel(guard::GuardStatus::not_observed()).1,
             failures: Mutex::default(),
             written: Mutex::default(),
         }
+    }
+
+    pub fn with_guard(mut self, guard: watch::Receiver<guard::GuardStatus>) -> Self {
+        self.guard = guard;
+        self
     }
 
     pub(crate) fn ensure_leading(&self) -> Result<(), Error> {
@@ -409,14 +421,25 @@ async fn lead(
         leading.clone(),
         policies_changed.clone(),
     ));
-    let ctx = Arc::new(Context::new(
+    let (guard_tx, guard_rx) = watch::channel(guard::GuardStatus::not_observed());
+    let guard_task = tokio::spawn(guard::watch(
         client.clone(),
-        &settings,
-        controller.store(),
-        ca_bundle.clone(),
-        metrics,
-        leading,
+        settings.guard.clone(),
+        settings.policy_selector.clone(),
+        Arc::clone(&metrics),
+        guard_tx,
     ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            &settings,
+            controller.store(),
+            ca_bundle.clone(),
+            metrics,
+            leading,
+        )
+        .with_guard(guard_rx.clone()),
+    );
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
@@ -426,8 +449,10 @@ async fn lead(
         ctx.leading.clone(),
     ));
     // Conflicts are pairwise, so any policy's spec change (or a deletion) may change another
-    // policy's status; a new CA changes every caBundle.
+    // policy's status; a new CA changes every caBundle; the guard's verdict changes every
+    // policy that requests Fail.
     let everything = futures::stream::select(changes(policies_changed), changes(ca_bundle));
+    let everything = futures::stream::select(everything, changes(guard_rx));
     controller
         .owns(
             configurations,
@@ -444,6 +469,7 @@ async fn lead(
         .await;
     ca_task.abort();
     janitor_task.abort();
+    guard_task.abort();
     coverage_task.abort();
 }
 

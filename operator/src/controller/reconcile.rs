@@ -122,7 +122,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     let configuration = webhook_configuration_name(&name);
     let generation = policy.metadata.generation;
     let compiled = CompiledPolicy::compile(&name, generation.unwrap_or_default(), &policy.spec);
-    let failure_policy = effective_failure_policy(policy.spec.failure_policy);
+    let guard = ctx.guard.borrow().clone();
+    let failure_policy = effective_failure_policy(policy.spec.failure_policy, &guard);
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
 

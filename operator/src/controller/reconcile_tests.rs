@@ -134,6 +134,11 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
             retry_period: Duration::from_secs(2),
         },
         certs: crate::controller::rotation::Timing::default(),
+        guard: crate::controller::guard::GuardConfig {
+            namespace: "splice-system".into(),
+            deployment: "splice".into(),
+            hold: Duration::from_secs(60),
+        },
     };
     let (store, mut writer) = reflector::store();
     for p in policies {
