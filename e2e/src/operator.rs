@@ -89,6 +89,8 @@ pub struct SpliceOptions {
     pub log_name: String,
     /// More `splice run` arguments, e.g. `--fail-closed-hold 5s`.
     pub extra_args: Vec<String>,
+    /// The kubeconfig `splice run` uses; the admin's when `None`.
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl SpliceOptions {
@@ -102,6 +104,7 @@ impl SpliceOptions {
             lease: None,
             log_name: format!("splice-{instance}"),
             extra_args: Vec::new(),
+            kubeconfig: None,
         }
     }
 }
@@ -145,7 +148,13 @@ impl Splice {
             .arg(format!("127.0.0.1:{admin_port}"))
             .arg("--policy-selector")
             .arg(format!("{INSTANCE_LABEL}={}", options.instance))
-            .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+            .env(
+                "KUBECONFIG",
+                options
+                    .kubeconfig
+                    .clone()
+                    .unwrap_or_else(splice_e2e::kubeconfig_path),
+            )
             .env("SPLICE_LOG", "info,splice=debug")
             .stdin(Stdio::null())
             .stdout(file.try_clone()?)
@@ -389,4 +398,26 @@ pub async fn wait_injecting(
         },
     )
     .await
+}
+
+/// Whether the chain served on 127.0.0.1:`port` verifies against `ca_pem` alone, for the IP
+/// 127.0.0.1: a real TLS handshake with `openssl s_client`, so it shows what the replica serves
+/// right now, not what it reports.
+pub async fn serves_chain_of(port: u16, ca_pem: &str) -> Result<bool> {
+    let dir = std::env::temp_dir().join(format!("splice-e2e-ca-{}", splice_e2e::unique_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca_pem)?;
+    let output = tokio::process::Command::new("openssl")
+        .args(["s_client", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["-verify_return_error", "-verify_ip", "127.0.0.1", "-CAfile"])
+        .arg(&ca_file)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running openssl s_client")?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(output.status.success() && text.contains("Verify return code: 0 (ok)"))
 }

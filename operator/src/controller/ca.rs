@@ -16,6 +16,13 @@ use x509_parser::prelude::X509Certificate;
 /// Certificates start slightly in the past so a node whose clock runs behind still accepts them.
 pub const BACKDATE: Duration = Duration::minutes(5);
 
+/// The backdate of a certificate living `lifetime`: [`BACKDATE`], but at most a tenth of the
+/// lifetime, so compressed test lifetimes (minutes) are not dominated by it and their renewal
+/// point (a fraction of NotBefore..NotAfter) stays close to the configured fraction.
+fn backdate(lifetime: Duration) -> Duration {
+    BACKDATE.min(lifetime / 10)
+}
+
 /// How long certificates live and when they are renewed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Lifetimes {
@@ -104,7 +111,7 @@ fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParam
     params.key_identifier_method = KeyIdMethod::Sha256;
     params.use_authority_key_identifier_extension = true;
     params.serial_number = Some(random_serial()?);
-    params.not_before = now - BACKDATE;
+    params.not_before = now - backdate(lifetime);
     params.not_after = now + lifetime;
     Ok(params)
 }
@@ -149,7 +156,7 @@ pub fn issue_serving(
     params.key_identifier_method = KeyIdMethod::Sha256;
     params.use_authority_key_identifier_extension = true;
     params.serial_number = Some(random_serial()?);
-    params.not_before = now - BACKDATE;
+    params.not_before = now - backdate(lifetime);
     let ca_not_after = OffsetDateTime::from_unix_timestamp(ca_info.not_after).map_err(|e| {
         CaError::BadCertificate {
             what: "the CA certificate",
@@ -514,6 +521,15 @@ mod tests {
         assert!(ca_unusable(&garbage, t).is_some());
         let serving = issue_serving(&a, &names(), now(), Duration::days(7)).unwrap();
         assert!(ca_unusable(&serving, t).unwrap().contains("not a CA"));
+    }
+
+    #[test]
+    fn a_short_lifetime_is_backdated_by_a_tenth_so_renewal_stays_near_two_thirds() {
+        let ca = new_ca(now(), Duration::seconds(60)).unwrap();
+        let info = inspect(&ca.cert_pem, "ca").unwrap();
+        assert_eq!(info.not_before, now().unix_timestamp() - 6);
+        let after_issue = info.renew_at(2.0 / 3.0) - now().unix_timestamp();
+        assert!((36..=40).contains(&after_issue), "{after_issue}");
     }
 
     #[test]

@@ -1,0 +1,308 @@
+//! CA rotation against the real control plane, with lifetimes compressed by flags: pods created
+//! continuously through the API server are all injected exactly once while the CA rotates, and a
+//! leader SIGKILLed inside any rotation phase leaves a successor that finishes the rotation.
+
+#[path = "../src/operator.rs"]
+mod operator;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use operator::*;
+use serde_json::json;
+use splice_e2e::{TestNamespace, unique_suffix, wait_until};
+
+const LEASE: (u64, u64, u64) = (6, 4, 1);
+
+fn text(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+}
+
+/// The CA Secret as the test sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CaView {
+    phase: String,
+    /// The active CA's certificate.
+    active: String,
+    /// Certificates in the published bundle.
+    bundle_len: usize,
+}
+
+async fn ca_view(secrets: &Api<Secret>) -> Result<Option<CaView>> {
+    let Some(s) = secrets.get_opt("splice-ca").await? else {
+        return Ok(None);
+    };
+    Ok(Some(CaView {
+        phase: s
+            .annotations()
+            .get("splice.dev/ca-rotation-phase")
+            .cloned()
+            .unwrap_or_default(),
+        active: text(&s, "tls.crt").unwrap_or_default(),
+        bundle_len: text(&s, "ca.crt")
+            .unwrap_or_default()
+            .matches("BEGIN CERTIFICATE")
+            .count(),
+    }))
+}
+
+/// The most CAs any webhook of `policy`'s configuration carries.
+async fn configuration_bundle_len(client: &Client, policy: &str) -> Result<usize> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let Some(c) = api.get_opt(&format!("splice-{policy}")).await? else {
+        return Ok(0);
+    };
+    Ok(c.webhooks
+        .unwrap_or_default()
+        .iter()
+        .map(|w| {
+            w.client_config
+                .ca_bundle
+                .as_ref()
+                .map(|b| {
+                    String::from_utf8_lossy(&b.0)
+                        .matches("BEGIN CERTIFICATE")
+                        .count()
+                })
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0))
+}
+
+/// Pods created continuously at `per_second` into `namespace`; counts failures and pods not
+/// carrying `container` exactly once.
+struct Load {
+    stop: Arc<AtomicBool>,
+    created: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    not_once: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+    started: Instant,
+}
+
+impl Load {
+    fn start(pods: Api<Pod>, container: &'static str, per_second: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let created = Arc::new(AtomicU64::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let not_once = Arc::new(AtomicU64::new(0));
+        let (s, c, f, n) = (
+            stop.clone(),
+            created.clone(),
+            failed.clone(),
+            not_once.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1) / per_second);
+            let mut inflight = tokio::task::JoinSet::new();
+            let mut i = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                tick.tick().await;
+                i += 1;
+                let pods = pods.clone();
+                let (c, f, n) = (c.clone(), f.clone(), n.clone());
+                inflight.spawn(async move {
+                    let name = format!("load-{i}");
+                    match pods.create(&PostParams::default(), &pod(&name, &[])).await {
+                        Ok(p) => {
+                            c.fetch_add(1, Ordering::Relaxed);
+                            let copies = container_names(&p)
+                                .iter()
+                                .filter(|n| n.as_str() == container)
+                                .count();
+                            if copies != 1 {
+                                n.fetch_add(1, Ordering::Relaxed);
+                                eprintln!("pod {name}: {copies} copies of {container}");
+                            }
+                        }
+                        Err(e) => {
+                            f.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("pod {name}: create failed: {e}");
+                        }
+                    }
+                });
+            }
+            while inflight.join_next().await.is_some() {}
+        });
+        Load {
+            stop,
+            created,
+            failed,
+            not_once,
+            task,
+            started: Instant::now(),
+        }
+    }
+
+    /// Stops and returns (created, failed, not exactly once, rate per second).
+    async fn finish(self) -> (u64, u64, u64, f64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let created = self.created.load(Ordering::Relaxed);
+        let failed = self.failed.load(Ordering::Relaxed);
+        (
+            created,
+            failed,
+            self.not_once.load(Ordering::Relaxed),
+            (created + failed) as f64 / elapsed,
+        )
+    }
+}
+
+struct Rig {
+    client: Client,
+    instance: String,
+    policy: String,
+    splice_ns: TestNamespace,
+    app_ns: TestNamespace,
+    _cleanup: PolicyCleanup,
+}
+
+impl Rig {
+    async fn new(prefix: &str) -> Result<Self> {
+        let client = splice_e2e::client().await?;
+        install_crd(&client).await?;
+        let instance = format!("{prefix}-{}", unique_suffix());
+        let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
+        let app_ns = TestNamespace::create("e2e-app", &[(&instance, "on")]).await?;
+        Ok(Rig {
+            policy: format!("{instance}-p"),
+            _cleanup: PolicyCleanup {
+                instance: instance.clone(),
+            },
+            client,
+            instance,
+            splice_ns,
+            app_ns,
+        })
+    }
+
+    fn options(&self, who: &str, certs: &[&str]) -> SpliceOptions {
+        let mut o = SpliceOptions::new(&self.splice_ns.name, &self.instance);
+        o.identity = Some(format!("{}-{who}", self.instance));
+        o.lease = Some(LEASE);
+        o.log_name = format!("splice-{}-{who}", self.instance);
+        o.extra_args = certs.iter().map(|s| (*s).to_owned()).collect();
+        o
+    }
+
+    async fn holder(&self) -> Result<Option<String>> {
+        Ok(self
+            .splice_ns
+            .api::<Lease>()
+            .get_opt("splice-leader")
+            .await?
+            .and_then(|l| l.spec?.holder_identity))
+    }
+
+    async fn wait_leader(&self, who: &str) -> Result<()> {
+        let wanted = format!("{}-{who}", self.instance);
+        wait_until(
+            Duration::from_secs(30),
+            &format!("{who} to lead"),
+            || async { Ok(self.holder().await?.as_deref() == Some(wanted.as_str())) },
+        )
+        .await
+    }
+
+    async fn apply_policy(&self) -> Result<()> {
+        apply_policy(
+            &self.client,
+            &self.instance,
+            &self.policy,
+            json!({
+                "namespaceSelector": {"matchLabels": {self.instance.clone(): "on"}},
+                "template": {"containers": [{"name": "proxy", "image": "registry.invalid/proxy:1"}]}
+            }),
+        )
+        .await?;
+        wait_policy(&self.client, &self.policy, "True", Duration::from_secs(30)).await?;
+        wait_injecting(&self.client, &self.app_ns.name, &[], "proxy").await
+    }
+}
+
+#[tokio::test]
+async fn three_ca_rotations_under_continuous_pod_creation_fail_no_create_and_inject_every_pod_once()
+-> Result<()> {
+    let rig = Rig::new("rotate").await?;
+    // A one-minute CA renewed at about two thirds, a 20 s serving certificate: three rotations
+    // and several serving renewals in about two minutes.
+    let certs = [
+        "--ca-lifetime",
+        "60s",
+        "--serving-cert-lifetime",
+        "20s",
+        "--ca-propagation-delay",
+        "3s",
+        "--ca-rotation-grace",
+        "3s",
+    ];
+    let a = Splice::start(rig.options("a", &certs)).await?;
+    rig.wait_leader("a").await?;
+    let b = Splice::start(rig.options("b", &certs)).await?;
+    rig.apply_policy().await?;
+    let secrets = rig.splice_ns.api::<Secret>();
+
+    let load = Load::start(rig.app_ns.api::<Pod>(), "proxy", 15);
+    let mut rotations: Vec<Duration> = Vec::new();
+    let mut last: Option<CaView> = None;
+    let mut rotation_began: Option<Instant> = None;
+    let mut max_bundle = 0usize;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while rotations.len() < 3 {
+        if Instant::now() > deadline {
+            bail!("only {} rotations within 4 minutes", rotations.len());
+        }
+        let view = ca_view(&secrets).await?.context("the CA Secret")?;
+        max_bundle = max_bundle
+            .max(view.bundle_len)
+            .max(configuration_bundle_len(&rig.client, &rig.policy).await?);
+        if last.as_ref().map(|l| &l.phase) != Some(&view.phase) {
+            match view.phase.as_str() {
+                "Trusting" => rotation_began = Some(Instant::now()),
+                "Stable" if rotation_began.is_some() => {
+                    let took = rotation_began
+                        .take()
+                        .map(|t| t.elapsed())
+                        .unwrap_or_default();
+                    // Every replica serves the new CA's chain: a handshake with it alone verifies.
+                    for (who, port) in [("a", a.port), ("b", b.port)] {
+                        assert!(
+                            serves_chain_of(port, &view.active).await?,
+                            "replica {who} does not serve the new CA's chain after rotation {}",
+                            rotations.len() + 1
+                        );
+                    }
+                    rotations.push(took);
+                }
+                _ => {}
+            }
+        }
+        last = Some(view);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (created, failed, not_once, rate) = load.finish().await;
+    println!(
+        "rotations (Trusting -> Stable): {rotations:?}; pods: {created} created, {failed} failed, \
+         {not_once} not injected exactly once, {rate:.1}/s; at most {max_bundle} CAs in a bundle"
+    );
+    assert_eq!(failed, 0, "failed creates");
+    assert_eq!(not_once, 0, "pods not injected exactly once");
+    assert!(rate >= 10.0, "creation rate {rate:.1}/s");
+    assert!(max_bundle <= 2, "a bundle held {max_bundle} CAs");
+    drop((a, b));
+    Ok(())
+}
