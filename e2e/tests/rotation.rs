@@ -85,6 +85,9 @@ async fn configuration_bundle_len(client: &Client, policy: &str) -> Result<usize
 /// carrying `container` exactly once.
 struct Load {
     stop: Arc<AtomicBool>,
+    /// Results count only while set (cleared between a leader's death and the recovery).
+    counting: Arc<AtomicBool>,
+    attempted: Arc<AtomicU64>,
     created: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
     not_once: Arc<AtomicU64>,
@@ -95,11 +98,15 @@ struct Load {
 impl Load {
     fn start(pods: Api<Pod>, container: &'static str, per_second: u32) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let counting = Arc::new(AtomicBool::new(true));
+        let attempted = Arc::new(AtomicU64::new(0));
+        let a = attempted.clone();
         let created = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
         let not_once = Arc::new(AtomicU64::new(0));
-        let (s, c, f, n) = (
+        let (s, k, c, f, n) = (
             stop.clone(),
+            counting.clone(),
             created.clone(),
             failed.clone(),
             not_once.clone(),
@@ -111,11 +118,17 @@ impl Load {
             while !s.load(Ordering::Relaxed) {
                 tick.tick().await;
                 i += 1;
+                a.store(i, Ordering::Relaxed);
                 let pods = pods.clone();
-                let (c, f, n) = (c.clone(), f.clone(), n.clone());
+                let (k, c, f, n) = (k.clone(), c.clone(), f.clone(), n.clone());
                 inflight.spawn(async move {
                     let name = format!("load-{i}");
-                    match pods.create(&PostParams::default(), &pod(&name, &[])).await {
+                    let counted_at_start = k.load(Ordering::Relaxed);
+                    let result = pods.create(&PostParams::default(), &pod(&name, &[])).await;
+                    if !(counted_at_start && k.load(Ordering::Relaxed)) {
+                        return;
+                    }
+                    match result {
                         Ok(p) => {
                             c.fetch_add(1, Ordering::Relaxed);
                             let copies = container_names(&p)
@@ -138,6 +151,8 @@ impl Load {
         });
         Load {
             stop,
+            counting,
+            attempted,
             created,
             failed,
             not_once,
@@ -146,7 +161,7 @@ impl Load {
         }
     }
 
-    /// Stops and returns (created, failed, not exactly once, rate per second).
+    /// Stops and returns (created, failed, not exactly once, creates sent per second).
     async fn finish(self) -> (u64, u64, u64, f64) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.task.await;
@@ -157,7 +172,7 @@ impl Load {
             created,
             failed,
             self.not_once.load(Ordering::Relaxed),
-            (created + failed) as f64 / elapsed,
+            self.attempted.load(Ordering::Relaxed) as f64 / elapsed,
         )
     }
 }
@@ -304,5 +319,178 @@ async fn three_ca_rotations_under_continuous_pod_creation_fail_no_create_and_inj
     assert!(rate >= 10.0, "creation rate {rate:.1}/s");
     assert!(max_bundle <= 2, "a bundle held {max_bundle} CAs");
     drop((a, b));
+    Ok(())
+}
+
+/// The replicas of the kill test, replaced one by one as the leader is killed.
+struct Replicas {
+    live: Vec<(String, Splice)>,
+    started: usize,
+}
+
+#[tokio::test]
+async fn a_leader_killed_inside_each_rotation_phase_three_times_leaves_a_converged_rotation()
+-> Result<()> {
+    let rig = Rig::new("rotkill").await?;
+    // Lifetimes long enough that only forced rotations happen; delays long enough to kill inside.
+    let certs = [
+        "--ca-lifetime",
+        "1h",
+        "--serving-cert-lifetime",
+        "20m",
+        "--ca-propagation-delay",
+        "4s",
+        "--ca-rotation-grace",
+        "8s",
+    ];
+    let mut replicas = Replicas {
+        live: Vec::new(),
+        started: 0,
+    };
+    let start = |replicas: &mut Replicas| {
+        replicas.started += 1;
+        let who = format!("r{}", replicas.started);
+        (who.clone(), rig.options(&who, &certs))
+    };
+    let (who, o) = start(&mut replicas);
+    replicas.live.push((who.clone(), Splice::start(o).await?));
+    rig.wait_leader(&who).await?;
+    let (who, o) = start(&mut replicas);
+    replicas.live.push((who, Splice::start(o).await?));
+    rig.apply_policy().await?;
+    let secrets = rig.splice_ns.api::<Secret>();
+    let load = Load::start(rig.app_ns.api::<Pod>(), "proxy", 10);
+    let mut max_bundle = 0usize;
+    let mut recoveries: Vec<(String, Duration)> = Vec::new();
+    let mut kills = std::collections::BTreeMap::<&str, u32>::new();
+    let mut last_kill = Instant::now();
+
+    for rotation in 1..=3 {
+        let before = ca_view(&secrets).await?.context("the CA Secret")?;
+        let status = std::process::Command::new(splice_bin()?)
+            .args(["rotate", "--namespace", &rig.splice_ns.name])
+            .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+            .output()?;
+        assert!(status.status.success(), "splice rotate: {status:?}");
+
+        for phase in ["Trusting", "Serving", "Grace"] {
+            // Wait until the rotation is inside `phase`, then SIGKILL the leader.
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if Instant::now() > deadline {
+                    bail!("rotation {rotation}: never observed phase {phase}");
+                }
+                let view = ca_view(&secrets).await?.context("the CA Secret")?;
+                max_bundle = max_bundle
+                    .max(view.bundle_len)
+                    .max(configuration_bundle_len(&rig.client, &rig.policy).await?);
+                let inside = match phase {
+                    "Grace" => {
+                        // Serving, and every live replica already serves the new chain.
+                        let mut all = view.phase == "Serving";
+                        for (_, r) in &replicas.live {
+                            all = all && serves_chain_of(r.port, &view.active).await?;
+                        }
+                        all
+                    }
+                    p => view.phase == p,
+                };
+                if inside {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let holder = rig.holder().await?.unwrap_or_default();
+            let Some(index) = replicas
+                .live
+                .iter()
+                .position(|(who, _)| holder == format!("{}-{who}", rig.instance))
+            else {
+                bail!("rotation {rotation}, {phase}: no live replica holds the Lease ({holder})");
+            };
+            load.counting.store(false, Ordering::Relaxed);
+            let (killed, mut leader) = replicas.live.remove(index);
+            leader.kill();
+            let killed_at = Instant::now();
+            last_kill = killed_at;
+            *kills.entry(phase).or_default() += 1;
+            let (who, o) = start(&mut replicas);
+            replicas.live.push((who, Splice::start(o).await?));
+
+            // Recovered: a live replica leads, the configuration points at it and the API server
+            // injects through it again.
+            let live: Vec<(String, u16)> = replicas
+                .live
+                .iter()
+                .map(|(w, r)| (format!("{}-{w}", rig.instance), r.port))
+                .collect();
+            wait_until(
+                Duration::from_secs(60),
+                &format!("rotation {rotation}: recovery after killing {killed} in {phase}"),
+                || {
+                    let live = live.clone();
+                    let rig = &rig;
+                    async move {
+                        let Some(holder) = rig.holder().await? else {
+                            return Ok(false);
+                        };
+                        let Some((_, port)) = live.iter().find(|(id, _)| *id == holder) else {
+                            return Ok(false);
+                        };
+                        let url = configuration(&rig.client, &rig.policy)
+                            .await?
+                            .and_then(|c| c.webhooks?.first()?.client_config.url.clone());
+                        Ok(url == Some(format!("https://127.0.0.1:{port}/inject/{}", rig.policy)))
+                    }
+                },
+            )
+            .await?;
+            wait_injecting(&rig.client, &rig.app_ns.name, &[], "proxy").await?;
+            load.counting.store(true, Ordering::Relaxed);
+            recoveries.push((format!("r{rotation} {phase}"), killed_at.elapsed()));
+        }
+
+        // Converged: back to one CA, a new one, in the Secret and in the configuration.
+        let converged_from = last_kill;
+        let deadline = converged_from + Duration::from_secs(60);
+        loop {
+            if Instant::now() > deadline {
+                bail!("rotation {rotation} did not converge within 60 s of the last kill");
+            }
+            let view = ca_view(&secrets).await?.context("the CA Secret")?;
+            let configured = configuration_bundle_len(&rig.client, &rig.policy).await?;
+            max_bundle = max_bundle.max(view.bundle_len).max(configured);
+            if view.phase == "Stable"
+                && view.bundle_len == 1
+                && configured == 1
+                && view.active != before.active
+            {
+                for (who, r) in &replicas.live {
+                    assert!(
+                        serves_chain_of(r.port, &view.active).await?,
+                        "rotation {rotation}: {who} does not serve the new chain"
+                    );
+                }
+                recoveries.push((
+                    format!("r{rotation} converged after its last kill"),
+                    converged_from.elapsed(),
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        wait_policy(&rig.client, &rig.policy, "True", Duration::from_secs(30)).await?;
+    }
+    let (created, failed, not_once, rate) = load.finish().await;
+    println!(
+        "kills per phase: {kills:?}; recovery after each kill and convergence: {recoveries:?}; \
+         pods counted after recovery: {created} created, {failed} failed, {not_once} not \
+         injected exactly once ({rate:.1}/s); at most {max_bundle} CAs in a bundle"
+    );
+    assert!(kills.values().all(|n| *n >= 3), "{kills:?}");
+    assert_eq!(failed, 0, "failed creates after recovery");
+    assert_eq!(not_once, 0, "pods not injected exactly once after recovery");
+    assert!(max_bundle <= 2, "a bundle held {max_bundle} CAs");
+    drop(replicas);
     Ok(())
 }
