@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{Coverage, InjectionPolicy, STATUS_ANNOTATION, condition};
@@ -204,7 +204,7 @@ struct Namespaces {
 pub async fn run(
     client: Client,
     splice_namespace: String,
-    policies: Store<InjectionPolicy>,
+    policy_config: watcher::Config,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
@@ -216,10 +216,26 @@ pub async fn run(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
     ));
-    let _guard = AbortOnDrop(vec![pod_task, ns_task]);
+    // A reflector of its own: it needs to know when the first list is complete, which the
+    // controller's store does not signal.
+    let (policies, writer) = reflector::store::<InjectionPolicy>();
+    let policy_task = tokio::spawn(
+        reflector(
+            writer,
+            watcher(Api::all(client.clone()), policy_config).default_backoff(),
+        )
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "watching InjectionPolicies for coverage");
+            }
+        }),
+    );
+    let _guard = AbortOnDrop(vec![pod_task, ns_task, policy_task]);
+    tracing::debug!("coverage: waiting for the policy cache");
     if policies.wait_until_ready().await.is_err() {
         return;
     }
+    tracing::debug!("coverage: counting");
     let exclusions = Exclusions::default_for(&splice_namespace);
     let api: Api<InjectionPolicy> = Api::all(client);
     let mut compiled: HashMap<String, CompiledEntry> = HashMap::new();
@@ -245,6 +261,11 @@ pub async fn run(
             (n.generation, n.synced, n.contexts.clone())
         };
         if !pods_synced || !ns_synced {
+            tracing::debug!(
+                pods_synced,
+                ns_synced,
+                "coverage: waiting for the pod and namespace lists"
+            );
             continue;
         }
         let seen = (pods_gen, ns_gen, fingerprint);
@@ -290,6 +311,7 @@ pub async fn run(
                 results.push((Arc::clone(policy), n));
             }
         }
+        tracing::debug!(policies = results.len(), pods = pods_gen, "coverage pass");
         compiled.retain(|name, _| gauges.contains_key(name));
         written.retain(|name, _| gauges.contains_key(name));
         metrics.set_coverage(gauges);

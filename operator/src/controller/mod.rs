@@ -443,7 +443,7 @@ async fn lead(
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
-        controller.store(),
+        watcher_config(&settings.policy_selector),
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),

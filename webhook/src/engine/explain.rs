@@ -65,7 +65,11 @@ impl Verdict {
 
 /// Whether a pod carries this policy's injection, and from which template.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase", tag = "state")]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "state"
+)]
 pub enum InjectionState {
     NotInjected,
     /// Injected with the template the policy has now.
