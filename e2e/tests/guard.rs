@@ -51,6 +51,8 @@ impl Setup {
             instance: instance.clone(),
         };
         let mut options = SpliceOptions::new(&splice_ns.name, &instance);
+        // Short, so a restarted Splice takes over the Lease of a killed one quickly.
+        options.lease = Some((4, 3, 1));
         options.extra_args = vec![
             "--deployment-name".into(),
             "splice".into(),
@@ -397,5 +399,65 @@ async fn with_the_webhook_process_gone_fail_rejects_naming_the_policy_and_ignore
     );
     excluded_namespaces_still_work(&s, "ignore").await?;
     assert_eq!(s.reason_now().await?, "NoDisruptionBudget");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_restarted_splice_keeps_fail_in_force_without_a_detour_through_ignore() -> Result<()> {
+    let mut s = Setup::start("restart").await?;
+    s.wait_guard("Fail", "FailInForce", HOLD + REACTION).await?;
+
+    // Watch the written failure policy through the whole restart.
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let client = s.client.clone();
+    let policy = s.policy.clone();
+    let watcher = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        loop {
+            if let Ok(Some(c)) = configuration(&client, &policy).await {
+                let hook = c.webhooks.unwrap_or_default().first().cloned();
+                seen.push((
+                    hook.as_ref().and_then(|h| h.failure_policy.clone()),
+                    hook.and_then(|h| h.client_config.url),
+                ));
+            }
+            tokio::select! {
+                _ = stop_rx.changed() => return seen,
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    });
+    let mut options = s.splice.options.clone();
+    options.port = None;
+    options.log_name = format!("{}-restarted", options.log_name);
+    s.splice.kill();
+    s.splice = Splice::start(options).await?;
+    // The new process has reconciled once the configuration points at its own port.
+    let new_url = format!("https://127.0.0.1:{}/", s.splice.port);
+    wait_until(
+        Duration::from_secs(30),
+        "the new Splice to rewrite the configuration",
+        || async {
+            Ok(configuration(&s.client, &s.policy)
+                .await?
+                .and_then(|c| c.webhooks.unwrap_or_default().first().cloned())
+                .and_then(|h| h.client_config.url)
+                .is_some_and(|u| u.starts_with(&new_url)))
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop_tx.send_replace(true);
+    let seen = watcher.await?;
+    ensure!(seen.len() > 20, "too few observations: {}", seen.len());
+    let ignored: Vec<_> = seen
+        .iter()
+        .filter(|(fp, _)| fp.as_deref() != Some("Fail"))
+        .collect();
+    ensure!(
+        ignored.is_empty(),
+        "the webhook left Fail during the restart: {ignored:?}"
+    );
+    assert_eq!(s.reason_now().await?, "FailInForce");
     Ok(())
 }

@@ -340,6 +340,21 @@ pub struct GuardConfig {
     pub hold: Duration,
 }
 
+/// How long a new leader waits for the guard's first verdict before reconciling anyway (with
+/// `Fail` not in force).
+pub const FIRST_VERDICT_WAIT: Duration = Duration::from_secs(10);
+
+/// Resolves once the guard has judged the objects at least once, or after `limit`.
+pub async fn first_verdict(mut status: channel::Receiver<GuardStatus>, limit: Duration) {
+    let observed = status.wait_for(|s| !matches!(&s.blocked, Some((Reason::NotObserved, _))));
+    if tokio::time::timeout(limit, observed).await.is_err() {
+        tracing::warn!(
+            waited = ?limit,
+            "availability guard: no verdict yet (can Splice read its Deployment and PodDisruptionBudgets?); Fail stays off until it has one"
+        );
+    }
+}
+
 /// Watches the Deployment and the budgets, and publishes the guard's status whenever it changes.
 /// Runs until the receiver side is gone.
 pub async fn watch(
@@ -876,6 +891,24 @@ mod tests {
         assert!(h.update(&fine, Instant::now()).0.allows_fail());
         let mut cold = Hold::new(Duration::from_secs(60), false);
         assert!(!cold.update(&fine, Instant::now()).0.allows_fail());
+    }
+
+    #[tokio::test]
+    async fn a_new_leader_waits_for_the_first_verdict_but_not_forever() {
+        let (tx, rx) = channel::channel(GuardStatus::not_observed());
+        let waiting = tokio::spawn(first_verdict(rx, Duration::from_secs(30)));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        tx.send_replace(GuardStatus { blocked: None });
+        tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("resolves on the first verdict")
+            .unwrap();
+
+        let (_tx, rx) = channel::channel(GuardStatus::not_observed());
+        let started = Instant::now();
+        first_verdict(rx, Duration::from_millis(50)).await;
+        assert!(started.elapsed() >= Duration::from_millis(50));
     }
 
     #[test]

@@ -429,6 +429,8 @@ async fn lead(
         Arc::clone(&metrics),
         guard_tx,
     ));
+    // Without this, a new leader would first write every Fail policy with Ignore, then Fail again.
+    guard::first_verdict(guard_rx.clone(), guard::FIRST_VERDICT_WAIT).await;
     let ctx = Arc::new(
         Context::new(
             client.clone(),
