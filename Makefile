@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine
+.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine bench-controller
 
 all: build
 
@@ -47,3 +47,7 @@ bench-engine:
 ## Splice's webhook vs agnhost's vs a null baseline, side by side (needs wrk; see e2e/bench/).
 bench-webhook: controlplane
 	e2e/bench/webhook.sh
+
+## The controller at scale (1,000 policies, 10,000 pods on kwok nodes) on a control plane of its own.
+bench-controller: controlplane
+	e2e/bench/controller.sh

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Driver of `make bench-controller` (see controller.sh, which starts the control plane and
+`splice run`). Talks to the API server directly over HTTPS with the admin client certificate of the
+local control plane, and counts Splice's API writes from the API server's own
+`apiserver_request_total` counters: writes to injectionpolicies/status,
+mutatingwebhookconfigurations and events. The driver never writes any of those itself (it only
+creates and patches policies' main resource, namespaces and pods), so every such write is Splice's.
+Lease renewals (leader election) are reported apart.
+"""
+
+import argparse
+import concurrent.futures as cf
+import http.client
+import json
+import os
+import re
+import ssl
+import statistics
+import sys
+import threading
+import time
+
+import yaml
+
+SPLICE_WRITES = ("injectionpolicies/status", "mutatingwebhookconfigurations", "events")
+WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
+GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
+
+
+class Api:
+    def __init__(self, kubeconfig):
+        with open(kubeconfig) as f:
+            cfg = yaml.safe_load(f)
+        cluster = cfg["clusters"][0]["cluster"]
+        user = cfg["users"][0]["user"]
+        m = re.match(r"https://([^:/]+):(\d+)", cluster["server"])
+        self.host, self.port = m.group(1), int(m.group(2))
+        self.ctx = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        self.ctx.load_cert_chain(user["client-certificate"], user["client-key"])
+        self.local = threading.local()
+
+    def conn(self):
+        c = getattr(self.local, "c", None)
+        if c is None:
+            c = http.client.HTTPSConnection(self.host, self.port, context=self.ctx, timeout=60)
+            self.local.c = c
+        return c
+
+    def call(self, method, path, body=None, ctype="application/json"):
+        for attempt in range(3):
+            c = self.conn()
+            try:
+                headers = {"Accept": "application/json", "User-Agent": "splice-bench-controller"}
+                data = None
+                if body is not None:
+                    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+                    headers["Content-Type"] = ctype
+                c.request(method, path, body=data, headers=headers)
+                r = c.getresponse()
+                text = r.read()
+                return r.status, text
+            except (http.client.HTTPException, OSError):
+                self.local.c = None
+                if attempt == 2:
+                    raise
+        raise RuntimeError("unreachable")
+
+    def json(self, method, path, body=None, ctype="application/json", ok=(200, 201)):
+        status, text = self.call(method, path, body, ctype)
+        if status not in ok:
+            raise RuntimeError(f"{method} {path}: {status} {text[:300]!r}")
+        return json.loads(text) if text else None
+
+
+def writes(api):
+    """Write requests by resource[/subresource] since the API server started."""
+    status, text = api.call("GET", "/metrics")
+    counts = {}
+    for line in text.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, _, value = line.rpartition(" ")
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if lab.get("verb") not in WRITE_VERBS:
+            continue
+        key = lab.get("resource", "")
+        if lab.get("subresource"):
+            key += "/" + lab["subresource"]
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return counts
+
+
+def splice_writes(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in SPLICE_WRITES}
+
+
+def ready(p):
+    st = p.get("status") or {}
+    if st.get("observedGeneration") != p["metadata"].get("generation"):
+        return False
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
+
+
+def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
+    # Ten policies inject a tenth of the bench pods each (by label); the rest select a namespace
+    # label nothing has, so the API server never calls them for the bench pods.
+    if i < 10:
+        ns_sel = {"matchLabels": {"kubernetes.io/metadata.name": pods_ns}}
+        obj_sel = {"matchLabels": {"bench.splice.dev/policy": f"p{i}"}}
+    else:
+        ns_sel = {"matchLabels": {"bench.splice.dev/none": f"p{i}"}}
+        obj_sel = None
+    spec = {
+        "namespaceSelector": ns_sel,
+        "template": {
+            "containers": [{"name": f"sidecar-{i}", "image": image}],
+            "env": [{"name": "BENCH_POLICY", "value": f"p{i}"}],
+        },
+    }
+    if obj_sel:
+        spec["objectSelector"] = obj_sel
+    return {
+        "apiVersion": "splice.dev/v1alpha1",
+        "kind": "InjectionPolicy",
+        "metadata": {"name": f"bench-p{i:04d}", "labels": {"e2e.splice.dev/instance": instance}},
+        "spec": spec,
+    }
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--instance", required=True)
+    ap.add_argument("--splice-pid", type=int, required=True)
+    ap.add_argument("--policies", type=int, default=1000)
+    ap.add_argument("--pods", type=int, default=10000)
+    ap.add_argument("--idle", type=int, default=120)
+    ap.add_argument("--changes", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    api = Api(a.kubeconfig)
+    pool = cf.ThreadPoolExecutor(a.threads)
+    pods_ns = "bench-pods"
+    rows = []
+
+    def log(msg):
+        print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+    def list_policies():
+        sel = f"e2e.splice.dev/instance={a.instance}"
+        return api.json("GET", f"{GROUP}?labelSelector={sel}")["items"]
+
+    # 1. N policies at once.
+    before = writes(api)
+    t0 = time.monotonic()
+    list(pool.map(lambda i: api.json("POST", GROUP, policy(i, a.instance, pods_ns)),
+                  range(a.policies)))
+    created = time.monotonic() - t0
+    log(f"{a.policies} policies created in {created:.1f}s; waiting for Ready")
+    while True:
+        items = list_policies()
+        n = sum(1 for p in items if ready(p))
+        if n == a.policies:
+            break
+        if time.monotonic() - t0 > 600:
+            raise SystemExit(f"only {n}/{a.policies} Ready after 600 s")
+        time.sleep(0.5)
+    all_ready = time.monotonic() - t0
+    time.sleep(10)  # let trailing writes (Events) land before the idle window
+    after_ready = writes(api)
+    w = splice_writes(before, after_ready)
+    total = sum(w.values())
+    rows.append((f"{a.policies} policies applied at once: time until all Ready",
+                 f"{all_ready:.1f} s (creates took {created:.1f} s)", "-"))
+    rows.append(("API writes per policy (status + webhook configuration + Events)",
+                 f"{total / a.policies:.2f} ({int(w['injectionpolicies/status'])} status, "
+                 f"{int(w['mutatingwebhookconfigurations'])} configuration, {int(w['events'])} Event)",
+                 "<= 2"))
+    log(f"idle for {a.idle}s")
+    time.sleep(a.idle)
+    after_idle = writes(api)
+    wi = splice_writes(after_ready, after_idle)
+    leases = after_idle.get("leases", 0) - after_ready.get("leases", 0)
+    rows.append((f"Splice writes over {a.idle} s idle afterwards",
+                 f"{int(sum(wi.values()))} {json.dumps({k: int(v) for k, v in wi.items()})} "
+                 f"(+{int(leases)} Lease renewals)", "0"))
+
+    # 2. Template changes on one policy with N present.
+    name = "bench-p0500" if a.policies > 500 else "bench-p0000"
+    lat = []
+    for k in range(a.changes):
+        p = api.json("GET", f"{GROUP}/{name}")
+        old_hash = (p.get("status") or {}).get("templateHash")
+        patch = {"spec": {"template": {"containers": [
+            {"name": "sidecar-x", "image": f"registry.invalid/sidecar:{k + 2}"}]}}}
+        t = time.monotonic()
+        p = api.json("PATCH", f"{GROUP}/{name}", patch, "application/merge-patch+json")
+        gen = p["metadata"]["generation"]
+        while True:
+            q = api.json("GET", f"{GROUP}/{name}")
+            st = q.get("status") or {}
+            if st.get("observedGeneration") == gen and st.get("templateHash") not in (None, old_hash):
+                break
+            if time.monotonic() - t > 30:
+                raise SystemExit(f"template change {k} not reflected in 30 s")
+            time.sleep(0.01)
+        lat.append(time.monotonic() - t)
+    lat.sort()
+    p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+    rows.append((f"template change on one policy with {a.policies} present: until status shows it "
+                 f"({a.changes} changes)",
+                 f"p50 {statistics.median(lat) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, "
+                 f"max {lat[-1] * 1000:.0f} ms", "p99 <= 1 s"))
+
+    # 3. Pods on kwok nodes, then Splice's resident memory.
+    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": pods_ns}}, ok=(201, 409))
+    for _ in range(100):
+        s, _ = api.call("GET", f"/api/v1/namespaces/{pods_ns}/serviceaccounts/default")
+        if s == 200:
+            break
+        time.sleep(0.2)
+    rss_before = rss_kib(a.splice_pid)
+
+    def make_pod(i):
+        labels = {"app": "bench"}
+        if i % 10 == 0:
+            labels["bench.splice.dev/policy"] = f"p{(i // 10) % 10}"
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": f"pod-{i:05d}", "labels": labels},
+                "spec": {"nodeName": f"kwok-node-{i % 2}",
+                         "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}
+        api.json("POST", f"/api/v1/namespaces/{pods_ns}/pods", body)
+
+    t = time.monotonic()
+    list(pool.map(make_pod, range(a.pods), chunksize=50))
+    pods_time = time.monotonic() - t
+    log(f"{a.pods} pods created in {pods_time:.1f}s")
+    peak = 0
+    for _ in range(30):  # coverage passes run every 5 s; sample while they count
+        peak = max(peak, rss_kib(a.splice_pid))
+        time.sleep(1)
+    rss = rss_kib(a.splice_pid)
+    rows.append((f"resident memory of splice run, {a.policies} policies + {a.pods} pods "
+                 f"(created in {pods_time:.0f} s)",
+                 f"{rss / 1024:.1f} MiB after (peak sampled {peak / 1024:.1f} MiB; "
+                 f"{rss_before / 1024:.1f} MiB before the pods)", "<= 100 MB"))
+    cov = [(p["metadata"]["name"], (p.get("status") or {}).get("coverage"))
+           for p in list_policies()]
+    covered = [c for _, c in cov if c]
+    rows.append(("coverage written for the policies that select bench pods",
+                 f"{len(covered)} policies, {sum(c['matched'] for c in covered)} matched, "
+                 f"{sum(c['current'] for c in covered)} current, "
+                 f"{sum(c['missed'] for c in covered)} missed", "-"))
+
+    out = ["| measurement | result | goal |", "|---|---|---|"]
+    out += [f"| {m} | {r} | {g} |" for m, r, g in rows]
+    text = "\n".join(out) + "\n"
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

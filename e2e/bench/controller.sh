@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# `make bench-controller`: the controller at scale on a control plane of its own (kwok nodes).
+# Starts the control plane, installs the CRD, runs one `splice run` (debug build unless SPLICE_BIN
+# is given), and runs controller.py, which prints a markdown table:
+#   - POLICIES (1000) policies applied at once: time until all Ready, Splice's API writes per
+#     policy, and Splice's writes over IDLE (120) s afterwards;
+#   - CHANGES (30) template changes on one policy with all present: time until status shows it;
+#   - PODS (10000) pods created on kwok nodes (parallel requests), then splice run's VmRSS.
+# Writes are counted from the API server's apiserver_request_total (see controller.py).
+# The CA-rotation row of issue 8 is not measured yet.
+#
+# Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-controller), SPLICE_PORT_BASE
+# (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+export SPLICE_RUN_DIR=${SPLICE_RUN_DIR:-$HOME/.cache/splice/bench-controller}
+export SPLICE_PORT_BASE=${SPLICE_PORT_BASE:-16540}
+export KUBECONFIG=$SPLICE_RUN_DIR/kubeconfig
+cp_dir="$repo/e2e/controlplane"
+log() { echo "bench: $*" >&2; }
+
+python3 -c 'import yaml' 2>/dev/null || { log "python3 with PyYAML is required (apt-get install python3-yaml)"; exit 1; }
+
+if [ -z "${SPLICE_BIN:-}" ]; then
+  (cd "$repo" && cargo build -q -p splice)
+  SPLICE_BIN=$repo/target/debug/splice
+fi
+"$cp_dir/build.sh" >/dev/null
+kubectl="$("$cp_dir/build.sh" --print-bin-dir)/kubectl"
+
+splice_pid=""
+cleanup() {
+  if [ -n "$splice_pid" ] && kill -0 "$splice_pid" 2>/dev/null; then
+    kill -TERM "$splice_pid" 2>/dev/null || true
+    wait "$splice_pid" 2>/dev/null || true
+  fi
+  "$cp_dir/down.sh" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+"$cp_dir/up.sh" >&2
+"$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
+"$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=30s >/dev/null
+"$kubectl" create namespace splice-system >/dev/null
+
+port=$((SPLICE_PORT_BASE + 20))
+admin=$((SPLICE_PORT_BASE + 21))
+instance=bench
+SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
+  --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
+  --admin-listen "127.0.0.1:$admin" \
+  --policy-selector "e2e.splice.dev/instance=$instance" \
+  > "$SPLICE_RUN_DIR/logs/splice.log" 2>&1 &
+splice_pid=$!
+for _ in $(seq 1 100); do
+  if curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1; then break; fi
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $SPLICE_RUN_DIR/logs/splice.log"; exit 1; }
+
+python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
+  --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
+  --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
+  ${OUT:+--out "$OUT"}
+log "splice log: $SPLICE_RUN_DIR/logs/splice.log (removed with the run dir at the next up)"
