@@ -11,11 +11,16 @@
 #   p50/p99/p99.9   at a constant half of that server's max rate (oha -q, latency-corrected)
 #   RSS             VmRSS idle (after start and one request), peak VmRSS sampled under load, VmHWM
 #   CPU µs/handshake server CPU per fresh TLS connection (openssl s_time -new: full handshakes)
+#   run-queue wait  time the server's threads were runnable but not running during the latency run
+#                   (/proc/PID/task/*/schedstat), per second: other processes on the server's core
+#                   (a shared machine, a compiler) show up here and in the tail latencies, not in
+#                   the server's CPU cost. Near 0 on an idle machine.
 #
 # Environment: DURATION (s per wrk run, default 10), CONNS (default "8 32 64"), LAT_DURATION
 # (default 15), SERVER_CPU (0), CLIENT_CPU (1), AGNHOST (path; default from the control-plane
 # build cache), SPLICE_BIN (use this binary instead of building one), OUT (also write the table
-# to this file).
+# to this file), RT=1 (run servers and load generators under SCHED_FIFO with chrt, so that other
+# processes on a shared machine cannot delay them: a control for the latency columns).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,6 +35,9 @@ POD_FILE=${POD_FILE:-$repo/webhook/testdata/pod-8k.json}
 POLICY_NAME=${POLICY_NAME:-mesh-proxy}
 NAMESPACE=${NAMESPACE:-shop}
 clk_tck=$(getconf CLK_TCK)
+prio=()
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+if [ "${RT:-0}" = 1 ]; then prio=(chrt -f 10); fi
 
 log() { echo "bench: $*" >&2; }
 die() { echo "bench: error: $*" >&2; exit 1; }
@@ -101,6 +109,8 @@ EOF
 # --- helpers -----------------------------------------------------------------------------------
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 rss_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
+# Nanoseconds the process's threads spent runnable but waiting for a CPU (second schedstat field).
+runq_wait_ns() { cat "/proc/$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%d\n", s}'; }
 
 post_once() { # url -> response body
   curl -sk --max-time 5 -X POST -H 'Content-Type: application/json' --data-binary @"$work/review.json" "$1"
@@ -108,7 +118,7 @@ post_once() { # url -> response body
 
 start_server() { # port cmd...
   local port=$1; shift
-  taskset -c "$SERVER_CPU" "$@" >"$work/server.log" 2>&1 &
+  taskset -c "$SERVER_CPU" "${prio[@]}" "$@" >"$work/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 100); do
     if curl -sk --max-time 1 -o /dev/null "https://127.0.0.1:$port/"; then return 0; fi
@@ -126,7 +136,7 @@ stop_server() {
 }
 
 run_wrk() { # url conns seconds -> "requests seconds errors"
-  taskset -c "$CLIENT_CPU" wrk -t1 -c"$2" -d"$3"s -s "$work/post.lua" "$1" >"$work/wrk.out" 2>&1 || true
+  taskset -c "$CLIENT_CPU" "${prio[@]}" wrk -t1 -c"$2" -d"$3"s -s "$work/post.lua" "$1" >"$work/wrk.out" 2>&1 || true
   local line
   line=$(grep '^RESULT' "$work/wrk.out") || { cat "$work/wrk.out" >&2; die "wrk failed"; }
   python3 - "$line" <<'PY'
@@ -174,25 +184,29 @@ print(f'{reqs/secs:.0f} {cpu_s/secs:.2f} {cpu_s*1e6/reqs:.1f} $c $peak')")
 
   local rate=$((best_rps / 2))
   log "$label: latency at $rate req/s for ${LAT_DURATION}s"
-  taskset -c "$CLIENT_CPU" oha --no-tui --insecure -q "$rate" -z "${LAT_DURATION}s" -c 32 --latency-correction \
+  local q0 q1
+  q0=$(runq_wait_ns "$server_pid")
+  taskset -c "$CLIENT_CPU" "${prio[@]}" oha --no-tui --insecure -q "$rate" -z "${LAT_DURATION}s" -c 32 --latency-correction \
     -m POST -T application/json -D "$work/review.json" --output-format json "$url" >"$work/oha.json" 2>"$work/oha.err" \
     || { cat "$work/oha.err" >&2; die "$label: oha failed"; }
+  q1=$(runq_wait_ns "$server_pid")
   local lat; lat=$(python3 "$here/webhook_util.py" oha "$work/oha.json") || die "$label: cannot read oha output"
+  local runq; runq=$(python3 -c "print(f'{($q1 - $q0) / 1e6 / $LAT_DURATION:.1f}')")
 
   log "$label: fresh TLS handshakes"
   local h0 h1 conns
   h0=$(cpu_ticks "$server_pid")
-  taskset -c "$CLIENT_CPU" openssl s_time -connect "127.0.0.1:$port" -new -time 5 >"$work/stime.out" 2>&1 || true
+  taskset -c "$CLIENT_CPU" "${prio[@]}" openssl s_time -connect "127.0.0.1:$port" -new -time 5 >"$work/stime.out" 2>&1 || true
   h1=$(cpu_ticks "$server_pid")
   conns=$(sed -n 's/^\([0-9]*\) connections in [0-9.]* real seconds.*/\1/p' "$work/stime.out" | head -1)
   [ -n "$conns" ] && [ "$conns" -gt 0 ] || { cat "$work/stime.out" >&2; die "$label: s_time failed"; }
   local hs; hs=$(python3 -c "print(f'{$((h1 - h0)) / $clk_tck * 1e6 / $conns:.0f}')")
 
   stop_server
-  # label|rps|util|us/req|conns|rss_idle|rss_peak|hwm|lat|handshake
-  echo "$label|$best_line|$rss_idle|$hwm|$lat|$hs|$conns" | awk -F'|' '{
+  # label|rps|util|us/req|conns|rss_idle|rss_peak|hwm|lat|handshake|handshakes|runq
+  echo "$label|$best_line|$rss_idle|$hwm|$lat|$hs|$conns|$runq" | awk -F'|' '{
     split($2, b, " ");
-    printf "%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s\n", $1, b[1], b[2], b[3], b[4], $3, b[5], $4, $5, $6, $7 }' >>"$work/rows"
+    printf "%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s\n", $1, b[1], b[2], b[3], b[4], $3, b[5], $4, $5, $6, $7, $8 }' >>"$work/rows"
 }
 
 # --- runs --------------------------------------------------------------------------------------
@@ -211,4 +225,4 @@ if [ -n "$agnhost" ]; then
     --port "$port" --sidecar-image registry.example/sidecar:1.0
 fi
 
-python3 "$here/webhook_util.py" table "$work/rows" "$review_bytes" "$pod_bytes" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" | tee "${OUT:-/dev/null}"
+python3 "$here/webhook_util.py" table "$work/rows" "$review_bytes" "$pod_bytes" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$load_start" | tee "${OUT:-/dev/null}"
