@@ -251,6 +251,12 @@ pub struct InjectionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
 
+    /// When the certificate chain the API server verifies to call this webhook expires (RFC
+    /// 3339): the serving certificate's NotAfter, which never passes its CA's. Splice renews it
+    /// long before; a date in the past means renewal is stuck.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate_not_after: Option<String>,
+
     /// Pods this policy selects, from the operator's pod watch (written by field manager
     /// `splice-coverage`, at most once per pass and only when a count changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -121,6 +121,14 @@ pub struct Splice {
 impl Splice {
     /// Starts `splice run` and waits until it is ready (certificate loaded, caches synced).
     pub async fn start(options: SpliceOptions) -> Result<Self> {
+        let splice = Self::spawn(options).await?;
+        splice.wait_ready().await?;
+        Ok(splice)
+    }
+
+    /// Starts `splice run` and waits only for its admin port (it may never become ready, e.g.
+    /// when it refuses a Secret it did not create).
+    pub async fn spawn(options: SpliceOptions) -> Result<Self> {
         let port = match options.port {
             Some(p) => p,
             None => free_port()?,
@@ -180,7 +188,13 @@ impl Splice {
             options,
         };
         wait_for_port(admin_port, Duration::from_secs(20)).await?;
-        let log = splice.log.clone();
+        Ok(splice)
+    }
+
+    /// Waits until /readyz answers 200.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let admin_port = self.admin_port;
+        let log = self.log.clone();
         wait_until(
             Duration::from_secs(30),
             "splice to become ready",
@@ -193,7 +207,7 @@ impl Splice {
         )
         .await
         .with_context(|| format!("see {}", log.display()))?;
-        Ok(splice)
+        Ok(())
     }
 
     /// SIGKILL, as when a node dies: no lease release, no cleanup.

@@ -6,9 +6,16 @@ mod operator;
 
 use std::time::{Duration, Instant};
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use operator::*;
+use serde_json::json;
 use splice_e2e::{TestNamespace, unique_suffix, wait_until};
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
@@ -83,5 +90,158 @@ async fn two_replicas_started_together_without_secrets_make_exactly_one_ca_ten_t
         "10 rounds of two simultaneous replicas: one CA each time, {:?} in total",
         started.elapsed()
     );
+    Ok(())
+}
+
+/// A self-signed CA valid from `from` to `to` (relative to now), with its key, PEM.
+fn ca_pem(from: time::Duration, to: time::Duration) -> Result<(String, String)> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let now = time::OffsetDateTime::now_utc();
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(DnType::CommonName, "e2e CA");
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.not_before = now + from;
+    params.not_after = now + to;
+    Ok((params.self_signed(&key)?.pem(), key.serialize_pem()))
+}
+
+/// A `kubernetes.io/tls` Secret named `name` holding `ca` as both CA and bundle.
+fn tls_secret(name: &str, (cert, key): &(String, String), ours: bool) -> Secret {
+    let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: ours.then(|| {
+                BTreeMap::from([(
+                    splice_crds::MANAGED_BY_LABEL.to_owned(),
+                    splice_crds::MANAGER.to_owned(),
+                )])
+            }),
+            ..ObjectMeta::default()
+        },
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(BTreeMap::from([
+            ("tls.crt".to_owned(), bytes(cert)),
+            ("tls.key".to_owned(), bytes(key)),
+            ("ca.crt".to_owned(), bytes(cert)),
+        ])),
+        ..Secret::default()
+    }
+}
+
+#[tokio::test]
+async fn a_ca_secret_splice_did_not_create_is_never_overwritten_and_an_event_says_why() -> Result<()>
+{
+    let client = splice_e2e::client().await?;
+    install_crd(&client).await?;
+    let instance = format!("foreign-{}", unique_suffix());
+    let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
+    let secrets = splice_ns.api::<Secret>();
+    let foreign = ca_pem(time::Duration::minutes(-1), time::Duration::hours(1))?;
+    let created = secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("splice-ca", &foreign, false),
+        )
+        .await?;
+    let mut o = SpliceOptions::new(&splice_ns.name, &instance);
+    o.log_name = format!("splice-{instance}");
+    let splice = Splice::spawn(o).await?;
+    let events = splice_ns.api::<Event>();
+    wait_until(
+        Duration::from_secs(30),
+        "a ForeignSecret Event about splice-ca",
+        || async {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("ForeignSecret")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("splice-ca")
+                        && e.note
+                            .as_deref()
+                            .is_some_and(|n| n.contains("not created by Splice"))
+                }))
+        },
+    )
+    .await?;
+    // Give the leader several more passes: the Secret is still exactly what we wrote.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = secrets.get("splice-ca").await?;
+    assert_eq!(after.resource_version(), created.resource_version());
+    assert_eq!(after.data, created.data);
+    // And nothing signed by a CA Splice cannot vouch for is served.
+    assert!(secrets.get_opt("splice-webhook-tls").await?.is_none());
+    drop(splice);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_expired_ca_at_start_is_replaced_and_a_corrupted_one_is_repaired() -> Result<()> {
+    let client = splice_e2e::client().await?;
+    install_crd(&client).await?;
+    let instance = format!("repair-{}", unique_suffix());
+    let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
+    let secrets = splice_ns.api::<Secret>();
+    let expired = ca_pem(time::Duration::hours(-2), time::Duration::hours(-1))?;
+    secrets
+        .create(
+            &PostParams::default(),
+            &tls_secret("splice-ca", &expired, true),
+        )
+        .await?;
+    let mut o = SpliceOptions::new(&splice_ns.name, &instance);
+    o.log_name = format!("splice-{instance}");
+    let splice = Splice::start(o).await?;
+
+    // Replaced: a different CA, alone in the bundle, and the replica serves its chain.
+    let current = |secrets: kube::Api<Secret>| async move {
+        let s = secrets.get("splice-ca").await?;
+        Ok::<_, anyhow::Error>((text(&s, "tls.crt"), text(&s, "ca.crt")))
+    };
+    let port = splice.port;
+    wait_until(Duration::from_secs(30), "a new CA served", || {
+        let secrets = secrets.clone();
+        let expired = expired.0.clone();
+        async move {
+            let (ca, bundle) = current(secrets).await?;
+            let Some(ca) = ca else { return Ok(false) };
+            Ok(ca != expired
+                && bundle.as_deref() == Some(ca.as_str())
+                && serves_chain_of(port, &ca).await?)
+        }
+    })
+    .await?;
+    let (replaced, _) = current(secrets.clone()).await?;
+
+    // Corrupted (still labelled Splice's): repaired with a new CA, served again.
+    secrets
+        .patch(
+            "splice-ca",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"tls.crt": "bm90IGEgY2VydGlmaWNhdGU="}})),
+        )
+        .await?;
+    wait_until(
+        Duration::from_secs(30),
+        "the corrupt CA repaired and served",
+        || {
+            let secrets = secrets.clone();
+            let replaced = replaced.clone();
+            async move {
+                let (ca, bundle) = current(secrets).await?;
+                let Some(ca) = ca else { return Ok(false) };
+                Ok(ca.contains("BEGIN CERTIFICATE")
+                    && Some(&ca) != replaced.as_ref()
+                    && bundle.as_deref() == Some(ca.as_str())
+                    && serves_chain_of(port, &ca).await?)
+            }
+        },
+    )
+    .await?;
+    drop(splice);
     Ok(())
 }

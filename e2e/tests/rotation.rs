@@ -17,6 +17,7 @@ use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use operator::*;
 use serde_json::json;
+use splice_crds::InjectionPolicy;
 use splice_e2e::{TestNamespace, unique_suffix, wait_until};
 
 const LEASE: (u64, u64, u64) = (6, 4, 1);
@@ -308,6 +309,45 @@ async fn three_ca_rotations_under_continuous_pod_creation_fail_no_create_and_inj
         }
         last = Some(view);
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The chain's NotAfter is in every policy's status and in the metrics: with a 20 s serving
+    // lifetime, it is never more than 20 s ahead, and it moves as certificates are renewed.
+    let not_after_in_status = || async {
+        let p: InjectionPolicy = Api::all(rig.client.clone()).get(&rig.policy).await?;
+        let at = p
+            .status
+            .and_then(|s| s.certificate_not_after)
+            .context("status.certificateNotAfter")?;
+        Ok::<_, anyhow::Error>(at.parse::<k8s_openapi::jiff::Timestamp>()?.as_second())
+    };
+    let first = not_after_in_status().await?;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default()
+    };
+    assert!(
+        first > now() - 5 && first <= now() + 21,
+        "certificateNotAfter {first} vs now {}",
+        now()
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "certificateNotAfter to move",
+        || async { Ok(not_after_in_status().await? > first) },
+    )
+    .await?;
+    for (who, r) in [("a", &a), ("b", &b)] {
+        let metrics = r.metrics().await?;
+        for cert in ["serving", "ca"] {
+            assert!(
+                metrics.lines().any(|l| l.starts_with(&format!(
+                    "splice_certificate_expiry_timestamp_seconds{{cert=\"{cert}\"}}"
+                ))),
+                "replica {who} exposes no {cert} expiry"
+            );
+        }
     }
     let (created, failed, not_once, rate) = load.finish().await;
     println!(

@@ -340,6 +340,13 @@ impl Metrics {
         }
     }
 
+    /// The expiry last recorded for `cert`, if any.
+    pub fn certificate_expiry(&self, cert: &str) -> Option<i64> {
+        self.certificate_expiry
+            .get(cert)
+            .map(|at| at.load(Ordering::Relaxed))
+    }
+
     /// The whole registry in the Prometheus text exposition format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);

@@ -212,7 +212,12 @@ impl Keeper {
             }
         };
 
-        let serving_check = self.ensure_serving(seen, &state, now).await?;
+        // A serving certificate is only issued by a CA that can sign: an expired or corrupt one is
+        // replaced first (below), and the next pass issues from its successor.
+        let serving_check = match ca::ca_unusable(&state.active, now) {
+            None => self.ensure_serving(seen, &state, now).await?,
+            Some(_) => now,
+        };
 
         let observed = Observed {
             now,
@@ -496,66 +501,76 @@ pub async fn load_certificates(
                 continue;
             }
         };
-        secret_changed.send_modify(|n| *n = n.wrapping_add(1));
-        if secret.metadata.deletion_timestamp.is_some() || !rotation::is_ours(&secret) {
-            continue;
-        }
-        if is_ca {
-            let Some(bundle) =
-                rotation::published_bundle(&secret).filter(|b| !ca::split_bundle(b).is_empty())
-            else {
-                tracing::warn!(
-                    secret = CA_SECRET,
-                    "the CA Secret has no usable bundle; keeping the current one"
-                );
-                continue;
-            };
-            if let Ok(info) = rotation::ca_state(&secret)
-                .map_err(|e| e.to_string())
-                .and_then(|s| ca::inspect(&s.active.cert_pem, "ca").map_err(|e| e.to_string()))
-            {
-                metrics.set_certificate_expiry("ca", info.not_after);
+        // Processed first, announced after: whoever reacts to the change (the leader's CA loop,
+        // status updates) sees the certificate this event brought.
+        'event: {
+            if secret.metadata.deletion_timestamp.is_some() || !rotation::is_ours(&secret) {
+                break 'event;
             }
-            ca_bundle.send_if_modified(|current| {
-                let same = current.as_deref() == Some(&bundle);
-                if !same {
-                    tracing::info!(
+            if is_ca {
+                let Some(bundle) =
+                    rotation::published_bundle(&secret).filter(|b| !ca::split_bundle(b).is_empty())
+                else {
+                    tracing::warn!(
                         secret = CA_SECRET,
-                        cas = ca::split_bundle(&bundle).len(),
-                        "trust bundle loaded"
+                        "the CA Secret has no usable bundle; keeping the current one"
                     );
-                    *current = Some(Arc::new(bundle));
+                    break 'event;
+                };
+                if let Ok(info) = rotation::ca_state(&secret)
+                    .map_err(|e| e.to_string())
+                    .and_then(|s| ca::inspect(&s.active.cert_pem, "ca").map_err(|e| e.to_string()))
+                {
+                    metrics.set_certificate_expiry("ca", info.not_after);
                 }
-                !same
-            });
-            continue;
-        }
-        let cert = match rotation::serving_cert(&secret) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "the serving Secret is unusable; keeping the current certificate");
-                continue;
+                ca_bundle.send_if_modified(|current| {
+                    let same = current.as_deref() == Some(&bundle);
+                    if !same {
+                        tracing::info!(
+                            secret = CA_SECRET,
+                            cas = ca::split_bundle(&bundle).len(),
+                            "trust bundle loaded"
+                        );
+                        *current = Some(Arc::new(bundle));
+                    }
+                    !same
+                });
+                break 'event;
             }
-        };
-        if loaded.as_ref() == Some(&cert) {
-            continue;
-        }
-        let info = match ca::inspect(&cert.cert_pem, "serving") {
-            Ok(i) => i,
-            Err(e) => {
-                tracing::warn!(error = %e, "the serving certificate does not parse; keeping the current one");
-                continue;
+            let cert = match rotation::serving_cert(&secret) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the serving Secret is unusable; keeping the current certificate");
+                    break 'event;
+                }
+            };
+            if loaded.as_ref() == Some(&cert) {
+                break 'event;
             }
-        };
-        if let Err(e) = resolver.swap_pem(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()) {
-            tracing::warn!(error = %e, "the serving certificate does not load; keeping the current one");
-            continue;
+            let info = match ca::inspect(&cert.cert_pem, "serving") {
+                Ok(i) => i,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the serving certificate does not parse; keeping the current one");
+                    break 'event;
+                }
+            };
+            if let Err(e) = resolver.swap_pem(cert.cert_pem.as_bytes(), cert.key_pem.as_bytes()) {
+                tracing::warn!(error = %e, "the serving certificate does not load; keeping the current one");
+                break 'event;
+            }
+            metrics.set_certificate_expiry("serving", info.not_after);
+            tracing::info!(secret = SERVING_SECRET, serial = %info.serial, issuer = %info.issuer_key_id, "serving certificate loaded");
+            served.send_replace(info.issuer_key_id);
+            loaded = Some(cert);
         }
-        metrics.set_certificate_expiry("serving", info.not_after);
-        tracing::info!(secret = SERVING_SECRET, serial = %info.serial, issuer = %info.issuer_key_id, "serving certificate loaded");
-        served.send_replace(info.issuer_key_id);
-        loaded = Some(cert);
+        secret_changed.send_modify(|n| *n = n.wrapping_add(1));
     }
+}
+
+/// The chain's NotAfter as recorded when the serving certificate was loaded, in RFC 3339.
+pub fn chain_not_after(metrics: &Metrics) -> Option<String> {
+    let at = metrics.certificate_expiry("serving")?;
+    Some(Timestamp::from_second(at).ok()?.to_string())
 }
 
 /// Every replica: keeps its report Lease naming the CA that issued what it serves, renewed every

@@ -411,6 +411,7 @@ async fn lead(
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
+    let secret_changed_for_status = secret_changed.clone();
     let ca_task = tokio::spawn(certs::maintain_ca(
         certs::Keeper::new(&client, &settings, controller.store()),
         secret_changed,
@@ -455,6 +456,8 @@ async fn lead(
     // policy that requests Fail.
     let everything = futures::stream::select(changes(policies_changed), changes(ca_bundle));
     let everything = futures::stream::select(everything, changes(guard_rx));
+    // A new serving certificate changes every policy's certificateNotAfter.
+    let everything = futures::stream::select(everything, changes(secret_changed_for_status));
     controller
         .owns(
             configurations,

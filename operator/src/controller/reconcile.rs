@@ -167,7 +167,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         s.coverage = None;
         s
     });
-    let status = desired_status(current.as_ref(), &observation, Timestamp::now());
+    let mut status = desired_status(current.as_ref(), &observation, Timestamp::now());
+    status.certificate_not_after = super::certs::chain_not_after(&ctx.metrics);
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
         write_status(ctx, policy, &status).await?;
