@@ -41,26 +41,33 @@ trap cleanup EXIT
 
 "$cp_dir/up.sh" >&2
 "$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
-"$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=30s >/dev/null
+# Right after the apply the CRD may have no conditions yet, which `kubectl wait` rejects.
+for _ in $(seq 1 60); do
+  "$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=2s >/dev/null 2>&1 && break
+  sleep 0.5
+done
 "$kubectl" create namespace splice-system >/dev/null
 
-port=$((SPLICE_PORT_BASE + 20))
-admin=$((SPLICE_PORT_BASE + 21))
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+admin=$(free_port)
 instance=bench
+mkdir -p "$repo/target"
+splice_log=$repo/target/bench-controller-splice.log
 SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
   --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
   --admin-listen "127.0.0.1:$admin" \
   --policy-selector "e2e.splice.dev/instance=$instance" \
-  > "$SPLICE_RUN_DIR/logs/splice.log" 2>&1 &
+  > "$splice_log" 2>&1 &
 splice_pid=$!
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
   if curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1; then break; fi
   sleep 0.2
 done
-curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $SPLICE_RUN_DIR/logs/splice.log"; exit 1; }
+curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $splice_log"; exit 1; }
 
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
   ${OUT:+--out "$OUT"}
-log "splice log: $SPLICE_RUN_DIR/logs/splice.log (removed with the run dir at the next up)"
+log "splice log: $splice_log"
