@@ -16,6 +16,7 @@ import os
 import re
 import ssl
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -146,6 +147,8 @@ def main():
     ap.add_argument("--changes", type=int, default=30)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--out")
+    ap.add_argument("--splice-bin", help="runs `splice rotate` for the CA-rotation row")
+    ap.add_argument("--splice-namespace", default="splice-system")
     a = ap.parse_args()
     api = Api(a.kubeconfig)
     pool = cf.ThreadPoolExecutor(a.threads)
@@ -262,6 +265,10 @@ def main():
                  f"{sum(c['current'] for c in covered)} current, "
                  f"{sum(c['missed'] for c in covered)} missed", "-"))
 
+    # 4. A CA rotation across every policy's webhook configuration, with pods admitted throughout.
+    if a.splice_bin:
+        rows.append(ca_rotation(api, a, pods_ns, log))
+
     out = ["| measurement | result | goal |", "|---|---|---|"]
     out += [f"| {m} | {r} | {g} |" for m, r, g in rows]
     text = "\n".join(out) + "\n"
@@ -269,6 +276,72 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
+
+
+def ca_rotation(api, a, pods_ns, log):
+    """`splice rotate`, then the time until the CA Secret's rotation phase is back to Stable (the
+    new CA in every bundle, serving from it, the old CA removed), while pods that one policy
+    injects are created at ~10/s. A pod is a failed admission when the create fails or when it
+    comes back without the sidecar (failurePolicy Ignore hides a TLS failure that way)."""
+    secret = f"/api/v1/namespaces/{a.splice_namespace}/secrets/splice-ca"
+
+    def phase():
+        s = api.json("GET", secret)
+        return (s["metadata"].get("annotations") or {}).get("splice.dev/ca-rotation-phase", "Stable")
+
+    stop = threading.Event()
+    counts = {"created": 0, "failed": 0, "uninjected": 0}
+
+    def load():
+        i = 0
+        while not stop.is_set():
+            body = {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"rot-{i:05d}",
+                                 "labels": {"bench.splice.dev/policy": "p1"}},
+                    "spec": {"nodeName": f"kwok-node-{i % 2}",
+                             "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}
+            status, text = api.call("POST", f"/api/v1/namespaces/{pods_ns}/pods", body)
+            if status != 201:
+                counts["failed"] += 1
+            else:
+                names = [c["name"] for c in json.loads(text)["spec"]["containers"]]
+                counts["created"] += 1
+                if "sidecar-1" not in names:
+                    counts["uninjected"] += 1
+            i += 1
+            time.sleep(0.1)
+
+    worker = threading.Thread(target=load)
+    worker.start()
+    time.sleep(2)
+    t0 = time.monotonic()
+    env = dict(os.environ, KUBECONFIG=a.kubeconfig)
+    subprocess.run([a.splice_bin, "rotate", "--namespace", a.splice_namespace], check=True, env=env)
+    left_stable = None
+    phases = []
+    while True:
+        p = phase()
+        if not phases or phases[-1] != p:
+            phases.append(p)
+            log(f"CA rotation phase {p} at {time.monotonic() - t0:.1f}s")
+        if p != "Stable" and left_stable is None:
+            left_stable = time.monotonic()
+        if p == "Stable" and left_stable is not None:
+            break
+        if time.monotonic() - t0 > 600:
+            stop.set()
+            raise SystemExit(f"CA rotation did not complete in 600 s (phases {phases})")
+        time.sleep(0.2)
+    took = time.monotonic() - t0
+    time.sleep(2)
+    stop.set()
+    worker.join()
+    bad = counts["failed"] + counts["uninjected"]
+    return (f"CA rotation across {a.policies} webhook configurations (splice rotate until the "
+            f"phase is Stable again; phases {' -> '.join(phases)})",
+            f"{took:.1f} s; {bad} failed admissions of {counts['created'] + counts['failed']} pods "
+            f"created during it ({counts['failed']} errors, {counts['uninjected']} not injected)",
+            "0 failed")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #   - CHANGES (30) template changes on one policy with all present: time until status shows it;
 #   - PODS (10000) pods created on kwok nodes (parallel requests), then splice run's VmRSS.
 # Writes are counted from the API server's apiserver_request_total (see controller.py).
-# The CA-rotation row of issue 8 is not measured yet.
+#   - a CA rotation (`splice rotate`) across every policy's webhook configuration: time until the
+#     rotation phase is Stable again, and failed admissions among pods created during it.
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-controller), SPLICE_PORT_BASE
 # (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table).
@@ -69,5 +70,5 @@ curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did no
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
-  ${OUT:+--out "$OUT"}
+  --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"}
 log "splice log: $splice_log"

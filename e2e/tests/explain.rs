@@ -171,3 +171,71 @@ async fn explain_names_the_selector_the_exclusion_and_an_outdated_injection() ->
     assert!(stderr.contains("pod \"nope\" not found"), "{stderr}");
     Ok(())
 }
+
+/// Offline: the same report from files, no cluster involved. A pod injected by `splice inject`
+/// shows what each policy added; a policy file that does not exist is exit 2 naming it.
+#[tokio::test]
+async fn explain_offline_reads_the_injection_record_that_splice_inject_wrote() -> Result<()> {
+    let root = splice_e2e::repo_root();
+    let mesh = root.join("examples/mesh-proxy.yaml");
+    let pod = root.join("examples/pod.yaml");
+    let injected = tokio::process::Command::new(splice_bin()?)
+        .args(["inject", "--namespace-label", "mesh=enabled", "-f"])
+        .arg(&pod)
+        .arg("-p")
+        .arg(&mesh)
+        .output()
+        .await?;
+    assert!(
+        injected.status.success(),
+        "{}",
+        String::from_utf8_lossy(&injected.stderr)
+    );
+    let dir = std::env::temp_dir().join(format!("splice-explain-{}", unique_suffix()));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("pod.yaml");
+    std::fs::write(&file, &injected.stdout)?;
+
+    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    let out = explain(&[
+        "-f",
+        &path(&file),
+        "-p",
+        &path(&mesh),
+        "--namespace-label",
+        "mesh=enabled",
+        "-o",
+        "json",
+    ])
+    .await?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout)?;
+    let m = policy(&report, "mesh-proxy");
+    assert_eq!(m["matches"], true, "{m:#}");
+    assert_eq!(m["injection"]["state"], "current", "{m:#}");
+    assert_eq!(m["injected"]["initContainers"][0], "mesh-init", "{m:#}");
+
+    // Without the namespace label, the namespace selector decides, and says which label.
+    let out = explain(&["-f", &path(&file), "-p", &path(&mesh), "-o", "json"]).await?;
+    let report: Value = serde_json::from_slice(&out.stdout)?;
+    let m = policy(&report, "mesh-proxy");
+    assert_eq!(m["verdict"]["decidedBy"], "namespaceSelector", "{m:#}");
+    assert!(
+        m["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("matchLabels[\"mesh\"]")),
+        "{m:#}"
+    );
+
+    let missing = dir.join("missing.yaml");
+    let out = explain(&["-f", &path(&file), "-p", &path(&missing)]).await?;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("missing.yaml"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
