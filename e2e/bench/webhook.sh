@@ -14,7 +14,9 @@
 #   run-queue wait  time the server's threads were runnable but not running during the latency run
 #                   (/proc/PID/task/*/schedstat), per second: other processes on the server's core
 #                   (a shared machine, a compiler) show up here and in the tail latencies, not in
-#                   the server's CPU cost. Near 0 on an idle machine.
+#                   the server's CPU cost. Near 0 on an idle machine for a server with one busy
+#                   thread; a server whose own threads (GC, runtime) take turns on its one core also
+#                   accrues it.
 #
 # Environment: DURATION (s per wrk run, default 10), CONNS (default "8 32 64"), LAT_DURATION
 # (default 15), SERVER_CPU (0), CLIENT_CPU (1), AGNHOST (path; default from the control-plane
@@ -110,7 +112,7 @@ EOF
 cpu_ticks() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }
 rss_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 # Nanoseconds the process's threads spent runnable but waiting for a CPU (second schedstat field).
-runq_wait_ns() { cat "/proc/$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%d\n", s}'; }
+runq_wait_ns() { cat "/proc/$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%.0f\n", s}'; }
 
 post_once() { # url -> response body
   curl -sk --max-time 5 -X POST -H 'Content-Type: application/json' --data-binary @"$work/review.json" "$1"
