@@ -131,8 +131,8 @@ fn tls_secret(name: &str, (cert, key): &(String, String), ours: bool) -> Secret 
 }
 
 #[tokio::test]
-async fn a_ca_secret_splice_did_not_create_is_never_overwritten_and_an_event_says_why() -> Result<()>
-{
+async fn a_ca_secret_splice_did_not_create_is_never_overwritten_and_an_event_and_the_policy_status_say_why()
+-> Result<()> {
     let client = splice_e2e::client().await?;
     install_crd(&client).await?;
     let instance = format!("foreign-{}", unique_suffix());
@@ -175,6 +175,26 @@ async fn a_ca_secret_splice_did_not_create_is_never_overwritten_and_an_event_say
     assert_eq!(after.data, created.data);
     // And nothing signed by a CA Splice cannot vouch for is served.
     assert!(secrets.get_opt("splice-webhook-tls").await?.is_none());
+    // A policy says why it cannot become ready.
+    let _cleanup = PolicyCleanup {
+        instance: instance.clone(),
+    };
+    let name = format!("{instance}-p");
+    apply_policy(
+        &client,
+        &instance,
+        &name,
+        json!({"template": {"containers": [{"name": "proxy", "image": "registry.invalid/p:1"}]}}),
+    )
+    .await?;
+    let policy = wait_policy(&client, &name, "False", Duration::from_secs(30)).await?;
+    let ready = condition(&policy, "Ready").context("Ready")?;
+    assert_eq!(ready.reason, "CertificateUnavailable");
+    assert!(
+        ready.message.contains("not created by Splice"),
+        "{}",
+        ready.message
+    );
     drop(splice);
     Ok(())
 }

@@ -125,7 +125,14 @@ impl Load {
                 inflight.spawn(async move {
                     let name = format!("load-{i}");
                     let counted_at_start = k.load(Ordering::Relaxed);
-                    let result = pods.create(&PostParams::default(), &pod(&name, &[])).await;
+                    // No scheduler takes these pods: thousands of unschedulable pods would keep the
+                    // default scheduler writing FailedScheduling Events for minutes after the test,
+                    // into whatever test runs next.
+                    let mut body = pod(&name, &[]);
+                    if let Some(spec) = body.spec.as_mut() {
+                        spec.scheduler_name = Some("splice-e2e-unscheduled".to_owned());
+                    }
+                    let result = pods.create(&PostParams::default(), &body).await;
                     if !(counted_at_start && k.load(Ordering::Relaxed)) {
                         return;
                     }

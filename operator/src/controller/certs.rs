@@ -27,7 +27,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, MANAGED_BY_LABEL, MANAGER};
+use splice_crds::{
+    ConditionStatus, InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER, condition,
+    set_condition,
+};
 use splice_webhook::metrics::Metrics;
 use splice_webhook::tls::CertResolver;
 use time::OffsetDateTime;
@@ -112,6 +115,8 @@ pub struct Keeper {
     /// This instance's policies: only their configurations count.
     pub policies: Store<InjectionPolicy>,
     pub recorder: Recorder,
+    /// Why the certificates cannot be kept (a Secret Splice did not create), for policy status.
+    pub problem: watch::Sender<Option<String>>,
 }
 
 /// Since-times the leader measured itself; lost with leadership, which only makes the next
@@ -139,8 +144,36 @@ impl Keeper {
             report_ttl: i64::try_from(settings.lease.lease_duration.as_secs()).unwrap_or(15),
             policies,
             recorder: Recorder::new(client.clone(), reporter),
+            problem: watch::channel(None).0,
         }
     }
+
+    /// Follows why the certificates cannot be kept (`None` while they can).
+    pub fn problems(&self) -> watch::Receiver<Option<String>> {
+        self.problem.subscribe()
+    }
+}
+
+/// The status of `policy` while Splice cannot serve any certificate because of `problem`: Ready
+/// False, saying why. `None` when `current` already says so (no write).
+pub fn unavailable_status(
+    current: Option<&InjectionPolicyStatus>,
+    policy: &InjectionPolicy,
+    problem: &str,
+) -> Option<InjectionPolicyStatus> {
+    let mut status = current.cloned().unwrap_or_default();
+    let generation_changed = status.observed_generation != policy.metadata.generation;
+    status.observed_generation = policy.metadata.generation;
+    let changed = set_condition(
+        &mut status.conditions,
+        condition::READY,
+        ConditionStatus::False,
+        "CertificateUnavailable",
+        problem,
+        policy.metadata.generation,
+        Timestamp::now(),
+    );
+    (changed || generation_changed).then_some(status)
 }
 
 /// The leader's CA loop: runs until leadership ends (the task is aborted).
@@ -218,6 +251,9 @@ impl Keeper {
             None => self.ensure_serving(seen, &state, now).await?,
             Some(_) => now,
         };
+        if seen.refused.is_empty() {
+            self.problem.send_if_modified(|p| p.take().is_some());
+        }
 
         let observed = Observed {
             now,
@@ -443,6 +479,7 @@ impl Keeper {
              label); Splice will not overwrite it. Delete it, or label it, to let Splice manage it."
         );
         tracing::warn!(secret = name, "{note}");
+        self.problem.send_replace(Some(note.clone()));
         let event = Event {
             type_: EventType::Warning,
             reason: "ForeignSecret".to_owned(),
@@ -625,6 +662,29 @@ pub async fn report_serving(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policy_is_told_once_why_no_certificate_can_be_served() {
+        let mut policy = InjectionPolicy::new("p", Default::default());
+        policy.metadata.generation = Some(3);
+        let status = unavailable_status(None, &policy, "Secret splice-ca is not ours").unwrap();
+        assert_eq!(status.observed_generation, Some(3));
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CertificateUnavailable")
+        );
+        assert_eq!(ready.message, "Secret splice-ca is not ours");
+        assert_eq!(
+            unavailable_status(Some(&status), &policy, "Secret splice-ca is not ours"),
+            None,
+            "the same problem again is not a write"
+        );
+    }
 
     #[test]
     fn replica_lease_names_are_valid_whatever_the_identity() {

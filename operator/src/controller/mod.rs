@@ -90,6 +90,8 @@ pub struct Context {
     pub leading: watch::Receiver<bool>,
     /// Whether the availability guard lets `Fail` be in force.
     pub guard: watch::Receiver<guard::GuardStatus>,
+    /// Why Splice cannot keep its certificates (a Secret it did not create), if it cannot.
+    pub certificate_problem: watch::Receiver<Option<String>>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -127,9 +129,15 @@ impl Context {
             leading,
             // Until a guard is attached, `Fail` is never in force.
             guard: watch::channel(guard::GuardStatus::not_observed()).1,
+            certificate_problem: watch::channel(None).1,
             failures: Mutex::default(),
             written: Mutex::default(),
         }
+    }
+
+    pub fn with_certificate_problem(mut self, problem: watch::Receiver<Option<String>>) -> Self {
+        self.certificate_problem = problem;
+        self
     }
 
     pub fn with_guard(mut self, guard: watch::Receiver<guard::GuardStatus>) -> Self {
@@ -412,10 +420,9 @@ async fn lead(
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
     let secret_changed_for_status = secret_changed.clone();
-    let ca_task = tokio::spawn(certs::maintain_ca(
-        certs::Keeper::new(&client, &settings, controller.store()),
-        secret_changed,
-    ));
+    let keeper = certs::Keeper::new(&client, &settings, controller.store());
+    let certificate_problem = keeper.problems();
+    let ca_task = tokio::spawn(certs::maintain_ca(keeper, secret_changed));
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),
         controller.store(),
@@ -441,7 +448,8 @@ async fn lead(
             metrics,
             leading,
         )
-        .with_guard(guard_rx.clone()),
+        .with_guard(guard_rx.clone())
+        .with_certificate_problem(certificate_problem.clone()),
     );
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
@@ -458,6 +466,7 @@ async fn lead(
     let everything = futures::stream::select(everything, changes(guard_rx));
     // A new serving certificate changes every policy's certificateNotAfter.
     let everything = futures::stream::select(everything, changes(secret_changed_for_status));
+    let everything = futures::stream::select(everything, changes(certificate_problem));
     controller
         .owns(
             configurations,

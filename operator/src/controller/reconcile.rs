@@ -116,6 +116,12 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     // can be written yet (the CA's arrival triggers every policy again).
     ctx.ensure_leading()?;
     if ctx.ca_bundle.borrow().is_none() {
+        let problem = ctx.certificate_problem.borrow().clone();
+        if let Some(status) = problem.and_then(|p| {
+            super::certs::unavailable_status(ctx.last_known_status(policy).as_ref(), policy, &p)
+        }) {
+            write_status(ctx, policy, &status).await?;
+        }
         return Err(Error::NoCertificate);
     }
     let name = policy.name_any();
