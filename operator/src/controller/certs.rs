@@ -22,7 +22,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -49,6 +49,8 @@ pub const SERVING_ISSUER_ANNOTATION: &str = "splice.dev/serving-issuer";
 
 /// How often the leader looks at configurations and replica reports during a rotation.
 const ROTATION_POLL: Duration = Duration::from_secs(1);
+/// A report not renewed for this many report TTLs belongs to a replica that is gone for good.
+const STALE_REPORTS: i64 = 20;
 /// The longest the leader sleeps in steady state (a Secret change wakes it earlier).
 const MAX_SLEEP: Duration = Duration::from_secs(3600);
 
@@ -430,7 +432,7 @@ impl Keeper {
         now: i64,
     ) -> Result<Option<i64>, CertsError> {
         let active = ca::inspect(&state.active.cert_pem, "the CA certificate")?.key_id;
-        let reports = self.replica_reports().await?;
+        let reports = self.replica_reports(now).await?;
         if !rotation::all_serve(&reports, &active, now, self.report_ttl) {
             seen.serving = None;
             return Ok(None);
@@ -443,12 +445,33 @@ impl Keeper {
         Ok(Some(since))
     }
 
-    async fn replica_reports(&self) -> Result<Vec<ReplicaReport>, CertsError> {
+    async fn replica_reports(&self, now: i64) -> Result<Vec<ReplicaReport>, CertsError> {
         let leases = self
             .leases
             .list(&ListParams::default().labels(REPLICA_LABEL))
             .await
             .map_err(kube_err("replica reports"))?;
+        // Every replica that ever ran left a report (pods get new names); the long-dead ones are
+        // removed here, during rotations only, so the steady state still writes nothing.
+        for lease in &leases.items {
+            let renewed = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.renew_time.as_ref())
+                .map(|t| t.0.as_second());
+            if renewed.is_none_or(|r| now - r > STALE_REPORTS * self.report_ttl) {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: lease.uid(),
+                        resource_version: lease.resource_version(),
+                    }),
+                    ..DeleteParams::default()
+                };
+                if let Err(e) = self.leases.delete(&lease.name_any(), &params).await {
+                    tracing::debug!(error = %e, "could not remove a dead replica's report");
+                }
+            }
+        }
         Ok(leases
             .items
             .iter()
