@@ -3,7 +3,7 @@
 // A benchmark with a broken fixture must stop at once.
 #![allow(clippy::expect_used)]
 
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use splice_crds::{InjectionPolicy, Operation};
 use splice_webhook::engine::{
     CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
@@ -151,4 +151,100 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// CPU time this thread has run, from the scheduler's own accounting: unlike criterion's wall
+/// clock it does not grow when other processes take the core, so figures from a shared machine
+/// stay comparable.
+fn thread_cpu_ns() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Mean CPU µs of `f` over `n` calls (one reading per batch, so the read itself is noise).
+fn cpu_us(n: u32, mut f: impl FnMut(u32)) -> Option<f64> {
+    let start = thread_cpu_ns()?;
+    for i in 0..n {
+        f(i);
+    }
+    let end = thread_cpu_ns()?;
+    Some((end - start) as f64 / 1e3 / f64::from(n))
+}
+
+/// A table of CPU µs per call, the slow and fast paths side by side; skipped where
+/// /proc/thread-self/schedstat is missing. Runs after criterion unless a filter was given.
+fn cpu_table() {
+    if thread_cpu_ns().is_none() {
+        println!("(no /proc/thread-self/schedstat: CPU-time table skipped)");
+        return;
+    }
+    let ns = NamespaceContext {
+        name: "shop".into(),
+        ..Default::default()
+    };
+    let exclusions = Exclusions::default_for("splice-system");
+    let warm = compile(POLICY);
+    println!(
+        "\nCPU µs per call (thread CPU time, best of 5 batches; load average {}):",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    println!(
+        "| pod | scan only (IgnoredAny) | parse to Value | patch, warm (webhook) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, pod) in PODS {
+        let req = PodRequest {
+            operation: Operation::Create,
+            object: pod,
+            namespace: &ns,
+            exclusions: &exclusions,
+        };
+        let best = |n: u32, f: &mut dyn FnMut(u32)| {
+            (0..5)
+                .filter_map(|_| cpu_us(n, &mut *f))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let n = if pod.len() > 20_000 { 200 } else { 1000 };
+        let scan = best(n, &mut |_| {
+            let _ = std::hint::black_box(serde_json::from_str::<serde::de::IgnoredAny>(pod));
+        });
+        let value = best(n, &mut |_| {
+            let _ = std::hint::black_box(serde_json::from_str::<serde_json::Value>(pod));
+        });
+        let patch = best(n, &mut |_| {
+            let _ = std::hint::black_box(inject(&warm, &req));
+        });
+        let fresh: Vec<CompiledPolicy> = (0..100).map(|_| compile(POLICY)).collect();
+        let cold = cpu_us(100, |i| {
+            let _ = std::hint::black_box(inject(&fresh[i as usize], &req));
+        })
+        .unwrap_or(f64::NAN);
+        let full = best(n / 4, &mut |_| {
+            let _ = std::hint::black_box(inject_and_apply(&warm, &req));
+        });
+        println!(
+            "| {name} ({} B) | {scan:.1} | {value:.1} | {patch:.1} | {cold:.1} | {full:.1} | {:.1}× |",
+            pod.len(),
+            full / patch
+        );
+    }
+}
+
+fn main() {
+    // CPU_TABLE_ONLY=1 prints the table alone (a quick look on a busy machine).
+    if std::env::var_os("CPU_TABLE_ONLY").is_some() {
+        cpu_table();
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // A filter argument means a focused criterion run: skip the table then.
+    let filtered = std::env::args().skip(1).any(|a| !a.starts_with('-'));
+    if !filtered {
+        cpu_table();
+    }
+}
