@@ -187,7 +187,7 @@ type Seen = (u64, u64, Vec<(String, Option<String>)>);
 
 #[derive(Default)]
 struct Pods {
-    records: HashMap<(Arc<str>, String), PodRecord>,
+    records: HashMap<(Arc<str>, String), Arc<PodRecord>>,
     interned: HashMap<String, Arc<str>>,
     synced: bool,
     generation: u64,
@@ -274,22 +274,16 @@ pub async fn run(
         }
         last_seen = Some(seen);
 
-        let mut gauges = HashMap::new();
-        let mut results = Vec::new();
-        {
-            let p = pods.lock().unwrap_or_else(PoisonError::into_inner);
-            for policy in &all {
-                let name = policy.name_any();
-                let key = (policy.uid(), policy.metadata.generation);
-                let c = match compiled.get(&name) {
-                    Some((uid, generation, c)) if (uid, generation) == (&key.0, &key.1) => {
-                        Arc::clone(c)
-                    }
-                    _ => match CompiledPolicy::compile(
-                        &name,
-                        key.1.unwrap_or_default(),
-                        &policy.spec,
-                    ) {
+        let mut work = Vec::with_capacity(all.len());
+        for policy in &all {
+            let name = policy.name_any();
+            let key = (policy.uid(), policy.metadata.generation);
+            let c = match compiled.get(&name) {
+                Some((uid, generation, c)) if (uid, generation) == (&key.0, &key.1) => {
+                    Arc::clone(c)
+                }
+                _ => {
+                    match CompiledPolicy::compile(&name, key.1.unwrap_or_default(), &policy.spec) {
                         Ok(c) => {
                             let c = Arc::new(c);
                             compiled.insert(name.clone(), (key.0, key.1, Arc::clone(&c)));
@@ -297,21 +291,52 @@ pub async fn run(
                         }
                         // The reconciler reports an invalid policy; nothing is injected for it.
                         Err(_) => continue,
-                    },
-                };
+                    }
+                }
+            };
+            work.push((Arc::clone(policy), c));
+        }
+        // A snapshot of Arcs, so the pod watch is never blocked for the length of a pass.
+        let snapshot: Vec<Arc<PodRecord>> = pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .records
+            .values()
+            .cloned()
+            .collect();
+        let excl = exclusions.clone();
+        let started = std::time::Instant::now();
+        // Policies × pods is CPU work: off the async workers, which also serve admissions.
+        let pass = tokio::task::spawn_blocking(move || {
+            let mut gauges = HashMap::new();
+            let mut results = Vec::with_capacity(work.len());
+            for (policy, c) in work {
                 let n = count(
                     &c,
-                    in_force_since(policy),
+                    in_force_since(&policy),
                     &contexts,
-                    &exclusions,
-                    p.records.values(),
+                    &excl,
+                    snapshot.iter().map(|r| &**r),
                 );
                 let cv = n.coverage;
-                gauges.insert(name, [cv.matched, cv.current, cv.outdated, cv.missed]);
-                results.push((Arc::clone(policy), n));
+                gauges.insert(
+                    c.name().to_owned(),
+                    [cv.matched, cv.current, cv.outdated, cv.missed],
+                );
+                results.push((policy, n));
             }
-        }
-        tracing::debug!(policies = results.len(), pods = pods_gen, "coverage pass");
+            (gauges, results)
+        })
+        .await;
+        let Ok((gauges, results)) = pass else {
+            return;
+        };
+        tracing::debug!(
+            policies = results.len(),
+            pods = pods_gen,
+            took = ?started.elapsed(),
+            "coverage pass"
+        );
         compiled.retain(|name, _| gauges.contains_key(name));
         written.retain(|name, _| gauges.contains_key(name));
         metrics.set_coverage(gauges);
@@ -400,7 +425,7 @@ async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
                 for p in listing.drain(..) {
                     if let Some(r) = record(&p, &mut s.interned) {
                         s.records
-                            .insert((Arc::clone(&r.namespace), r.name.clone()), r);
+                            .insert((Arc::clone(&r.namespace), r.name.clone()), Arc::new(r));
                     }
                 }
                 s.synced = true;
@@ -409,8 +434,8 @@ async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
             Ok(watcher::Event::Apply(p)) => {
                 if let Some(r) = record(&p, &mut s.interned) {
                     let key = (Arc::clone(&r.namespace), r.name.clone());
-                    if s.records.get(&key) != Some(&r) {
-                        s.records.insert(key, r);
+                    if s.records.get(&key).map(|x| &**x) != Some(&r) {
+                        s.records.insert(key, Arc::new(r));
                         s.generation = s.generation.wrapping_add(1);
                     }
                 }
