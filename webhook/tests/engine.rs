@@ -633,6 +633,42 @@ fn malformed_objects_are_errors_not_panics() {
 }
 
 #[test]
+fn every_list_the_engine_reads_must_be_an_array_or_null() {
+    let ex = exclusions();
+    let run = |object: &str| {
+        splice_webhook::engine::inject(
+            &sidecar(),
+            &splice_webhook::engine::PodRequest {
+                operation: Operation::Create,
+                object,
+                namespace: &ns("shop"),
+                exclusions: &ex,
+            },
+        )
+    };
+    for bad in [
+        r#"{"spec": {"initContainers": {"name": "a"}}}"#,
+        r#"{"spec": {"volumes": "v"}}"#,
+        r#"{"spec": {"containers": [{"name": "app", "env": {"name": "A"}}]}}"#,
+        r#"{"spec": {"containers": [{"name": "app", "volumeMounts": 1}]}}"#,
+        r#"{"spec": {"containers": [{"name": "app"},]}}"#,
+        r#"{"spec": {"containers": [{"name": "app"}}}"#,
+        r#"{"spec": {"containers": [{"name": "app", "env": [1]}]}}"#,
+    ] {
+        let err = run(bad).expect_err(bad);
+        assert_eq!(err.label(), "invalid_object", "{bad}: {err}");
+    }
+    let nulls = r#"{"metadata": {"labels": {"app": "web"}},
+        "spec": {"initContainers": null, "volumes": null,
+        "containers": [{"name": "app", "env": null, "volumeMounts": null}]}}"#;
+    let r = run(nulls);
+    assert!(
+        matches!(r, Ok(Decision::Inject(ref i)) if i.changed),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn the_template_hash_is_stable_across_processes() {
     let yaml = r#"
 apiVersion: splice.dev/v1alpha1

@@ -2,7 +2,6 @@
 //! for producing the mutated object (`splice inject`, `splice simulate`).
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use serde_json::Value;
 
@@ -102,6 +101,40 @@ impl OpValue<'_> {
     }
 }
 
+impl Op<'_> {
+    /// About the length of this operation's JSON (exact for pre-serialized items and strings
+    /// without escapes).
+    fn size_hint(&self) -> usize {
+        let (path, value) = match self {
+            Op::Add(p, v) | Op::Replace(p, v) => (p, Some(v)),
+            Op::Remove(p) => (p, None),
+        };
+        let value = match value {
+            None => 0,
+            Some(v) => 10 + v.size_hint(),
+        };
+        32 + path.len() + value
+    }
+}
+
+impl OpValue<'_> {
+    fn size_hint(&self) -> usize {
+        let item = |i: &RItem<'_>| i.json.map_or(256, str::len) + 1;
+        match self {
+            OpValue::Item(i) => item(i),
+            OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),
+            OpValue::Str(s) => s.len() + 2,
+            OpValue::StrMap(entries) => {
+                2 + entries
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 6)
+                    .sum::<usize>()
+            }
+            OpValue::EmptyObject => 2,
+        }
+    }
+}
+
 fn write_item(item: &RItem<'_>, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
     match item.json {
         Some(json) => out.extend_from_slice(json.as_bytes()),
@@ -112,7 +145,10 @@ fn write_item(item: &RItem<'_>, out: &mut Vec<u8>) -> Result<(), serde_json::Err
 
 /// Serializes `ops` as a JSON array.
 pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Vec<u8>, serde_json::Error> {
-    let mut out = Vec::with_capacity(64 + ops.len() * 96);
+    // Sized from the operations, so that a patch carrying whole containers is written without
+    // growing the buffer several times.
+    let size: usize = ops.iter().map(Op::size_hint).sum();
+    let mut out = Vec::with_capacity(2 + size);
     out.push(b'[');
     for (i, op) in ops.iter().enumerate() {
         if i > 0 {
@@ -123,9 +159,9 @@ pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Vec<u8>, serde_json::Error> {
             Op::Replace(p, v) => ("replace", p, Some(v)),
             Op::Remove(p) => ("remove", p, None),
         };
-        let mut head = String::with_capacity(path.len() + 32);
-        let _ = write!(head, "{{\"op\":\"{name}\",\"path\":");
-        out.extend_from_slice(head.as_bytes());
+        out.extend_from_slice(b"{\"op\":\"");
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\",\"path\":");
         serde_json::to_writer(&mut out, path)?;
         if let Some(v) = value {
             out.extend_from_slice(b",\"value\":");

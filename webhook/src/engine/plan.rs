@@ -260,17 +260,18 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         // Containers and init containers share one name space in a pod.
         let rec_init = NameSet::new(rec.init_containers.iter().map(String::as_str));
         let rec_cont = NameSet::new(rec.containers.iter().map(String::as_str));
-        let occupied: HashSet<&str> = pod_init
-            .iter()
-            .map(Named::name)
-            .filter(|n| !rec_init.contains(n))
-            .chain(
-                pod_containers
-                    .iter()
-                    .map(ContainerView::name)
-                    .filter(|n| !rec_cont.contains(n)),
-            )
-            .collect();
+        let occupied = NameSet::new(
+            pod_init
+                .iter()
+                .map(Named::name)
+                .filter(|n| !rec_init.contains(n))
+                .chain(
+                    pod_containers
+                        .iter()
+                        .map(ContainerView::name)
+                        .filter(|n| !rec_cont.contains(n)),
+                ),
+        );
         let keep = |items: &'x [RItem<'x>], what: &str, warnings: &mut Vec<String>| {
             items
                 .iter()
@@ -337,6 +338,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
             || !rec.volume_mounts.is_empty()
         {
             let raw_containers = raw_spec.and_then(|s| s.containers.as_ref());
+            // The same for every container: built once.
+            let env_keys = NameSet::new(rendered.env.iter().map(|e| e.key.as_ref()));
+            let mount_keys = NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
             for (ci, c) in pod_containers.iter().enumerate() {
                 let cname = c.name();
                 if rec_cont.contains(cname) || others.contains(cname) {
@@ -347,7 +351,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                 // Env.
                 let rec_env =
                     NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
-                let desired_keys = NameSet::new(rendered.env.iter().map(|e| e.key.as_ref()));
+                let desired_keys = &env_keys;
                 let pod_env: &[Named<'_>] = c.env.as_deref().unwrap_or(&[]);
                 let mut ours = Vec::new();
                 let mut taken: Vec<&str> = Vec::new();
@@ -405,8 +409,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                         .flatten()
                         .map(String::as_str),
                 );
-                let desired_keys =
-                    NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
+                let desired_keys = &mount_keys;
                 let pod_mounts = c.volume_mounts.as_deref().unwrap_or(&[]);
                 let mut ours = Vec::new();
                 let mut taken: Vec<&str> = Vec::new();
@@ -517,14 +520,15 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         // Volumes.
         let rec_vol = NameSet::new(rec.volumes.iter().map(String::as_str));
         let mut ours = Vec::new();
-        let mut occupied_vol: HashSet<&str> = HashSet::new();
+        let mut pod_own_vol = Vec::with_capacity(pod_volumes.len());
         for (i, v) in pod_volumes.iter().enumerate() {
             if rec_vol.contains(v.name()) {
                 ours.push((i, v.name()));
             } else {
-                occupied_vol.insert(v.name());
+                pod_own_vol.push(v.name());
             }
         }
+        let occupied_vol = NameSet::new(pod_own_vol);
         let desired: Vec<&RItem<'x>> = rendered
             .volumes
             .iter()

@@ -10,7 +10,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// A JSON string, borrowed from the input unless it holds escapes.
@@ -84,6 +84,39 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Entries<'a, T> {
     }
 }
 
+/// A JSON array of items the engine reads. It starts with room for a typical pod's list: grown from
+/// empty, a 20-variable env would be reallocated four times on every request.
+#[derive(Debug)]
+pub(crate) struct List<T>(pub Vec<T>);
+
+impl<T> Deref for List<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = List<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                const TYPICAL: usize = 16;
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(TYPICAL).min(TYPICAL));
+                while let Some(item) = seq.next_element()? {
+                    out.push(item);
+                }
+                Ok(List(out))
+            }
+        }
+        d.deserialize_seq(V(PhantomData))
+    }
+}
+
 /// Declares a struct that deserializes only from a JSON object, reading the listed keys and
 /// skipping every other one. A repeated key keeps its last value.
 macro_rules! object_view {
@@ -143,9 +176,9 @@ object_view! {
 
 object_view! {
     SpecView<'a> {
-        init_containers: Option<Vec<Named<'a>>> = "initContainers",
-        containers: Option<Vec<ContainerView<'a>>> = "containers",
-        volumes: Option<Vec<Named<'a>>> = "volumes",
+        init_containers: Option<List<Named<'a>>> = "initContainers",
+        containers: Option<List<ContainerView<'a>>> = "containers",
+        volumes: Option<List<Named<'a>>> = "volumes",
     }
 }
 
@@ -158,8 +191,8 @@ object_view! {
 object_view! {
     ContainerView<'a> {
         name: Option<Str<'a>> = "name",
-        env: Option<Vec<Named<'a>>> = "env",
-        volume_mounts: Option<Vec<Mount<'a>>> = "volumeMounts",
+        env: Option<List<Named<'a>>> = "env",
+        volume_mounts: Option<List<Mount<'a>>> = "volumeMounts",
     }
 }
 
