@@ -17,7 +17,7 @@ use splice_webhook::engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
 };
 
-use super::offline::{self, InputError, NamespaceArgs, Source, describe};
+use super::offline::{self, InputError, NamespaceArgs};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -228,16 +228,29 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
 
 fn render_table(report: &Report) -> String {
     let mut out = String::new();
+    // A policy that selects the pod but left nothing on it is the case users ask about most
+    // (admitted while the webhook was unreachable, or created before the policy): say so first.
+    let missing: Vec<&str> = report
+        .policies
+        .iter()
+        .filter(|p| p.matches && p.injection == InjectionState::NotInjected)
+        .map(|p| p.name.as_str())
+        .collect();
+    let verdict = if report.outdated {
+        "injection OUTDATED (recreate the pod to pick up the current template)".to_owned()
+    } else if !missing.is_empty() {
+        format!(
+            "NOT injected by {} although selected (admitted while the webhook was unreachable, \
+             or before the policy existed; recreate the pod to inject)",
+            missing.join(", ")
+        )
+    } else {
+        "injection up to date".to_owned()
+    };
     let _ = writeln!(
         out,
-        "{} in namespace {}: injection {}",
-        report.pod,
-        report.namespace,
-        if report.outdated {
-            "OUTDATED (recreate the pod to pick up the current template)"
-        } else {
-            "up to date"
-        }
+        "{} in namespace {}: {verdict}",
+        report.pod, report.namespace
     );
     let rows: Vec<[String; 4]> = report
         .policies
@@ -340,7 +353,12 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
     offline::stdin_at_most_once(args.policies.iter().chain([&file.to_path_buf()]))?;
     let mut loaded = offline::load_policies(&args.policies)?;
     let paused = offline::without_paused(&mut loaded);
-    let (title, pod, own_namespace) = read_pod(file)?;
+    let offline::Subject {
+        title,
+        pod,
+        own_namespace,
+        ..
+    } = offline::read_subject(file)?;
     // Paused policies still compiled; load them again as data to explain them.
     let mut policies: Vec<PolicyInput> = loaded
         .into_iter()
@@ -367,56 +385,6 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
         exclusions: args.namespace.exclusions(),
         policies,
     })
-}
-
-/// Reads exactly one Pod (or workload, whose pod template is explained) from `path`.
-fn read_pod(path: &std::path::Path) -> Result<(String, Value, Option<String>), InputError> {
-    let source = Source::read(path)?;
-    let docs = offline::documents(&source)?;
-    let [doc] = docs.as_slice() else {
-        return Err(InputError::file(
-            &source.name,
-            format!(
-                "expected exactly one Pod (or workload) document, found {}",
-                docs.len()
-            ),
-        ));
-    };
-    let at = |message: String| InputError::document(&source.name, doc.index, message);
-    let object = offline::to_json(&doc.value).map_err(at)?;
-    let text = |key: &str| object.get(key).and_then(Value::as_str);
-    let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
-        let field = if text("apiVersion").is_none() {
-            "apiVersion"
-        } else {
-            "kind"
-        };
-        return Err(at("missing or not a string".to_owned()).with_field(field));
-    };
-    let Some(pointer) = offline::pod_pointer(api_version, kind) else {
-        return Err(at(format!(
-            "{api_version} {kind} holds no pod: expected a Pod, Deployment, StatefulSet, \
-             DaemonSet, ReplicaSet, Job or CronJob"
-        ))
-        .with_field("kind"));
-    };
-    let mut title = describe(&object);
-    if !pointer.is_empty() {
-        title.push_str(" (pod template)");
-    }
-    let pod = object
-        .pointer(pointer)
-        .filter(|p| p.is_object())
-        .cloned()
-        .ok_or_else(|| {
-            at("missing or not an object".to_owned())
-                .with_field(pointer.trim_start_matches('/').replace('/', "."))
-        })?;
-    let own = object
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    Ok((title, pod, own))
 }
 
 fn online_inputs(args: &Args, pod: &str) -> Result<Inputs, String> {
@@ -559,6 +527,25 @@ mod tests {
         let table = render_table(&r);
         assert!(table.contains("env in app: A"), "{table}");
         assert!(table.contains("gone (policy no longer exists)"), "{table}");
+    }
+
+    #[test]
+    fn a_selected_pod_without_the_policys_injection_is_called_out_first() {
+        let mesh = input(
+            "mesh",
+            "template:\n  containers: [{name: proxy, image: p}]\n",
+            false,
+        );
+        let pod = serde_json::json!({"spec": {"containers": [{"name": "app"}]}});
+        let r = explain(&inputs("shop", pod, vec![mesh])).unwrap();
+        assert_eq!(r.policies[0].injection, InjectionState::NotInjected);
+        let headline = render_table(&r)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(headline.contains("NOT injected by mesh"), "{headline}");
+        assert!(!headline.contains("up to date"), "{headline}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! One module per subcommand; each owns its flags and returns the process exit code.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -55,4 +56,29 @@ impl Cli {
             Command::Rotate(args) => rotate::main(args),
         }
     }
+}
+
+/// A duration flag: `90` (seconds), `90s`, `5m`, `1h` or `3d`.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 1h or 3d"))?;
+    let factor = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => {
+            return Err(format!(
+                "{s:?} has an unknown unit {unit:?} (use s, m, h or d)"
+            ));
+        }
+    };
+    n.checked_mul(factor)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
 }

@@ -911,6 +911,77 @@ pub(crate) fn skip_text(reason: SkipReason) -> &'static str {
     }
 }
 
+/// The pod being admitted and where it came from.
+pub(crate) struct Subject {
+    pub file: String,
+    pub document: usize,
+    /// `Pod default/web`, `Deployment shop/api (pod template)`.
+    pub title: String,
+    pub pod: Value,
+    pub own_namespace: Option<String>,
+}
+
+impl Subject {
+    pub fn error(&self, message: impl Into<String>) -> InputError {
+        InputError::document(&self.file, self.document, message).with_subject(self.title.clone())
+    }
+}
+
+/// Reads exactly one Pod, or one workload whose pod template is the subject, from `path`.
+pub(crate) fn read_subject(path: &Path) -> Result<Subject, InputError> {
+    let source = Source::read(path)?;
+    let docs = documents(&source)?;
+    let [doc] = docs.as_slice() else {
+        return Err(InputError::file(
+            &source.name,
+            format!(
+                "expected exactly one Pod (or workload) document, found {}",
+                docs.len()
+            ),
+        ));
+    };
+    let at = |message: String| InputError::document(&source.name, doc.index, message);
+    let object = to_json(&doc.value).map_err(at)?;
+    let text = |key: &str| object.get(key).and_then(Value::as_str);
+    let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
+        let field = if text("apiVersion").is_none() {
+            "apiVersion"
+        } else {
+            "kind"
+        };
+        return Err(at("missing or not a string".to_owned()).with_field(field));
+    };
+    let Some(pointer) = pod_pointer(api_version, kind) else {
+        return Err(at(format!(
+            "{api_version} {kind} holds no pod: expected a Pod, Deployment, StatefulSet, \
+             DaemonSet, ReplicaSet, Job or CronJob"
+        ))
+        .with_field("kind"));
+    };
+    let mut title = describe(&object);
+    if !pointer.is_empty() {
+        title.push_str(" (pod template)");
+    }
+    let pod = object
+        .pointer(pointer)
+        .filter(|p| p.is_object())
+        .cloned()
+        .ok_or_else(|| {
+            at("missing or not an object".to_owned())
+                .with_field(pointer.trim_start_matches('/').replace('/', "."))
+        })?;
+    Ok(Subject {
+        file: source.name.clone(),
+        document: doc.index,
+        own_namespace: object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        title,
+        pod,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use super::parse_duration;
 use crate::controller::ca::Lifetimes;
 use crate::controller::rotation::{CA_SECRET, ROTATE_ANNOTATION, Timing};
 
@@ -76,31 +77,6 @@ impl CertArgs {
             grace: secs(self.ca_rotation_grace),
         })
     }
-}
-
-/// `90`, `90s`, `5m`, `1h` or `3d`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 90s, 5m, 1h or 3d"))?;
-    let factor = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => {
-            return Err(format!(
-                "{s:?} has an unknown unit {unit:?} (use s, m, h or d)"
-            ));
-        }
-    };
-    n.checked_mul(factor)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 #[derive(clap::Args, Debug)]

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::ValueEnum;
 
+use super::parse_duration;
 use crate::controller::{
     self, Settings, guard::GuardConfig, leader::LeaseConfig, render::ClientTarget,
 };
@@ -162,30 +163,6 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             hold: args.fail_closed_hold,
         },
     })
-}
-
-/// `90`, `90s`, `5m` or `1h`.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 60s, 5m or 1h"))?;
-    let factor = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        _ => {
-            return Err(format!(
-                "{s:?} has an unknown unit {unit:?} (use s, m or h)"
-            ));
-        }
-    };
-    n.checked_mul(factor)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{s:?} is too long"))
 }
 
 /// Unique per process, so two replicas on one host never share an identity.

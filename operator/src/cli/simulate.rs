@@ -14,7 +14,7 @@ use splice_crds::{Operation, STATUS_ANNOTATION};
 
 use super::offline::{
     self, Admission, ChainError, InputError, LoadedPolicy, NamespaceArgs, Outcome, Pass,
-    Reinvocation, Source, Step, describe, skip_text,
+    Reinvocation, Step, Subject, skip_text,
 };
 use super::offline_diff::{self, Depth, LogicalPath, Norm, Seg};
 
@@ -58,22 +58,6 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-/// The pod being admitted and where it came from.
-struct Subject {
-    file: String,
-    document: usize,
-    /// `Pod default/web`, `Deployment shop/api (pod template)`.
-    title: String,
-    pod: Value,
-    own_namespace: Option<String>,
-}
-
-impl Subject {
-    fn error(&self, message: impl Into<String>) -> InputError {
-        InputError::document(&self.file, self.document, message).with_subject(self.title.clone())
-    }
-}
-
 fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
     args.namespace
         .validate()
@@ -81,7 +65,7 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
     offline::stdin_at_most_once(args.policies.iter().chain([&args.file]))?;
     let mut policies = offline::load_policies(&args.policies)?;
     let paused = offline::without_paused(&mut policies);
-    let subject = read_subject(&args.file)?;
+    let subject = offline::read_subject(&args.file)?;
     let namespace = args.namespace.context(subject.own_namespace.as_deref());
     let exclusions = args.namespace.exclusions();
     let admission = Admission {
@@ -134,60 +118,6 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
         .map_err(|e| subject.error(e.to_string()))?;
     render_steps(&policies, &steps, &mut out);
     Ok((out, ExitCode::SUCCESS))
-}
-
-fn read_subject(path: &std::path::Path) -> Result<Subject, InputError> {
-    let source = Source::read(path)?;
-    let docs = offline::documents(&source)?;
-    let [doc] = docs.as_slice() else {
-        return Err(InputError::file(
-            &source.name,
-            format!(
-                "expected exactly one Pod (or workload) document, found {}",
-                docs.len()
-            ),
-        ));
-    };
-    let at = |message: String| InputError::document(&source.name, doc.index, message);
-    let object = offline::to_json(&doc.value).map_err(at)?;
-    let text = |key: &str| object.get(key).and_then(Value::as_str);
-    let (Some(api_version), Some(kind)) = (text("apiVersion"), text("kind")) else {
-        let field = if text("apiVersion").is_none() {
-            "apiVersion"
-        } else {
-            "kind"
-        };
-        return Err(at("missing or not a string".to_owned()).with_field(field));
-    };
-    let Some(pointer) = offline::pod_pointer(api_version, kind) else {
-        return Err(at(format!(
-            "{api_version} {kind} holds no pod: expected a Pod, Deployment, StatefulSet, \
-             DaemonSet, ReplicaSet, Job or CronJob"
-        ))
-        .with_field("kind"));
-    };
-    let mut title = describe(&object);
-    if !pointer.is_empty() {
-        title.push_str(" (pod template)");
-    }
-    let pod = object
-        .pointer(pointer)
-        .filter(|p| p.is_object())
-        .cloned()
-        .ok_or_else(|| {
-            at("missing or not an object".to_owned())
-                .with_field(pointer.trim_start_matches('/').replace('/', "."))
-        })?;
-    Ok(Subject {
-        file: source.name.clone(),
-        document: doc.index,
-        own_namespace: object
-            .pointer("/metadata/namespace")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        title,
-        pod,
-    })
 }
 
 fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {
