@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -82,15 +81,7 @@ pub fn main(args: Args) -> ExitCode {
             }
         },
     };
-    let mut stdout = std::io::stdout().lock();
-    if let Err(e) = stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        eprintln!("error: cannot write the output: {e}");
-        return ExitCode::from(2);
-    }
-    ExitCode::SUCCESS
+    super::print_or_fail(&text, ExitCode::SUCCESS)
 }
 
 /// One policy as explain sees it: compiled, or why it cannot be.

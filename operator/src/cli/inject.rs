@@ -57,15 +57,7 @@ pub fn main(args: Args) -> ExitCode {
                     ExitCode::from(1)
                 };
             }
-            let mut stdout = std::io::stdout().lock();
-            if let Err(e) = stdout
-                .write_all(report.output.as_bytes())
-                .and_then(|()| stdout.flush())
-            {
-                let _ = writeln!(stderr, "error: cannot write the output: {e}");
-                return ExitCode::from(2);
-            }
-            ExitCode::SUCCESS
+            super::print_or_fail(&report.output, ExitCode::SUCCESS)
         }
         Err(e) => {
             eprintln!("error: {e}");

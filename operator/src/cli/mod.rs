@@ -82,3 +82,20 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         .map(Duration::from_secs)
         .ok_or_else(|| format!("{s:?} is too long"))
 }
+
+/// Writes a command's whole output to stdout, or says why it could not and gives exit code 2
+/// (a closed pipe must not look like success).
+pub(crate) fn print_or_fail(text: &str, code: ExitCode) -> ExitCode {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("error: cannot write the output: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -40,17 +39,7 @@ pub struct Args {
 
 pub fn main(args: Args) -> ExitCode {
     match run(&args) {
-        Ok((text, code)) => {
-            let mut stdout = std::io::stdout().lock();
-            if let Err(e) = stdout
-                .write_all(text.as_bytes())
-                .and_then(|()| stdout.flush())
-            {
-                eprintln!("error: cannot write the output: {e}");
-                return ExitCode::from(2);
-            }
-            code
-        }
+        Ok((text, code)) => super::print_or_fail(&text, code),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
