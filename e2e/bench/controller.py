@@ -259,7 +259,10 @@ def main():
         peak = max(peak, rss_kib(a.splice_pid))
         time.sleep(1)
     rss = rss_kib(a.splice_pid)
-    add((f"resident memory of splice run, {a.policies} policies + {a.pods} pods "
+    bin_path = a.splice_bin or ""
+    build = ("release" if "/release/" in bin_path else "debug" if "/debug/" in bin_path
+             else "given")
+    add((f"resident memory of splice run ({build} build), {a.policies} policies + {a.pods} pods "
                  f"(created in {pods_time:.0f} s)",
                  f"{rss / 1024:.1f} MiB after (peak sampled {peak / 1024:.1f} MiB; "
                  f"{rss_before / 1024:.1f} MiB before the pods)", "<= 100 MB"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench-controller`: the controller at scale on a control plane of its own (kwok nodes).
-# Starts the control plane, installs the CRD, runs one `splice run` (debug build unless SPLICE_BIN
-# is given), and runs controller.py, which prints a markdown table:
+# Starts the control plane, installs the CRD, runs one `splice run` (a --release build unless
+# SPLICE_BIN is given: memory and latency are measured on what would be shipped), and runs controller.py, which prints a markdown table:
 #   - POLICIES (1000) policies applied at once: time until all Ready, Splice's API writes per
 #     policy, and Splice's writes over IDLE (120) s afterwards;
 #   - CHANGES (30) template changes on one policy with all present: time until status shows it;
@@ -24,8 +24,8 @@ log() { echo "bench: $*" >&2; }
 python3 -c 'import yaml' 2>/dev/null || { log "python3 with PyYAML is required (apt-get install python3-yaml)"; exit 1; }
 
 if [ -z "${SPLICE_BIN:-}" ]; then
-  (cd "$repo" && cargo build -q -p splice)
-  SPLICE_BIN=$repo/target/debug/splice
+  (cd "$repo" && cargo build -q --release -p splice)
+  SPLICE_BIN=$repo/target/release/splice
 fi
 "$cp_dir/build.sh" >/dev/null
 kubectl="$("$cp_dir/build.sh" --print-bin-dir)/kubectl"

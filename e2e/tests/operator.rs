@@ -1076,24 +1076,58 @@ async fn when_the_leader_is_killed_the_other_replica_takes_over_and_the_follower
             .any(|l| l.starts_with("splice_reconcile_total{")),
         "the follower reconciled: {follower_metrics}"
     );
+    // A policy becoming Ready is not an Event; a repaired configuration is (a Warning). Both
+    // replicas see the deletion; only the leader may repair it and say so.
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    configurations
+        .delete(&format!("splice-{name}"), &DeleteParams::default())
+        .await?;
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let about_policy: Vec<Event> = events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
-        .collect();
+    let about_policy = || {
+        let events = events.clone();
+        let name = name.clone();
+        async move {
+            let items: Vec<Event> = events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                })
+                .collect();
+            anyhow::Ok(items)
+        }
+    };
+    let restored_by = |events: &[Event], id: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e.reporting_instance.as_deref() == Some(id)
+                    && e.reason.as_deref() == Some("WebhookConfigurationRestored")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .count()
+    };
+    wait_until(
+        Duration::from_secs(20),
+        "the leader to restore the configuration and publish a Warning",
+        || {
+            let first_id = first_id.clone();
+            async move { Ok(restored_by(&about_policy().await?, &first_id) > 0) }
+        },
+    )
+    .await?;
+    // Give a follower that (wrongly) acted on the same deletion time to show it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let about_policy = about_policy().await?;
     let by = |id: &str| {
         about_policy
             .iter()
             .filter(|e| e.reporting_instance.as_deref() == Some(id))
             .count()
     };
-    assert!(
-        by(&first_id) > 0,
-        "the leader announced the policy with an Event"
-    );
+    assert!(by(&first_id) > 0, "the leader published the repair Warning");
     assert_eq!(by(&second_id), 0, "the follower published Events");
     // Configurations and status carry only the shared field manager; the follower's silence
     // shows in its metrics (no reconcile, above) and in the Events (none under its name).

@@ -286,9 +286,10 @@ pub fn planned_events(
         let severity = severity(&cond.type_, &cond.status, &cond.reason);
         let changed = match before {
             Some(b) => b.status != cond.status || b.reason != cond.reason,
-            // A fresh policy: say that it is (or is not) ready, and anything that needs attention;
-            // "no conflicts" and "Ignore as requested" are not news.
-            None => cond.type_ == condition::READY || severity == Severity::Warning,
+            // A fresh policy: only what needs attention. "Ready" is what a new policy is expected
+            // to become and `kubectl get` shows it; an Event for it would be one more API write
+            // per policy (a third of the writes of 1,000 policies applied at once) saying nothing.
+            None => severity == Severity::Warning,
         };
         if changed {
             events.push(PlannedEvent {
@@ -519,14 +520,29 @@ mod tests {
     }
 
     #[test]
-    fn a_new_policy_announces_readiness_and_warnings_only() {
+    fn a_new_policy_announces_only_warnings_not_that_it_is_ready() {
         let fp = effective_failure_policy(FailurePolicy::Fail, &GuardStatus::not_observed());
         let w = applied();
         let s = desired_status(None, &obs(&w, &fp, &[]), ts(1));
         let events = planned_events(None, &s);
         let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
-        assert_eq!(reasons, vec!["Configured", "AvailabilityNotObserved"]);
-        assert_eq!(events[1].severity, Severity::Warning);
+        assert_eq!(reasons, vec!["AvailabilityNotObserved"]);
+        assert_eq!(events[0].severity, Severity::Warning);
+
+        let fine = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
+        let s = desired_status(None, &obs(&w, &fine, &[]), ts(1));
+        assert!(planned_events(None, &s).is_empty());
+
+        let failed = WebhookOutcome::Failed {
+            configuration: "splice-p".into(),
+            error: "boom".into(),
+        };
+        let s = desired_status(None, &obs(&failed, &fine, &[]), ts(1));
+        assert!(
+            planned_events(None, &s)
+                .iter()
+                .any(|e| e.severity == Severity::Warning && e.reason != "Configured")
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{self, reflector};
+use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{Coverage, InjectionPolicy, STATUS_ANNOTATION, condition};
@@ -204,7 +204,7 @@ struct Namespaces {
 pub async fn run(
     client: Client,
     splice_namespace: String,
-    policy_config: watcher::Config,
+    policies: Store<InjectionPolicy>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
@@ -216,21 +216,8 @@ pub async fn run(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
     ));
-    // A reflector of its own: it needs to know when the first list is complete, which the
-    // controller's store does not signal.
-    let (policies, writer) = reflector::store::<InjectionPolicy>();
-    let policy_task = tokio::spawn(
-        reflector(
-            writer,
-            watcher(Api::all(client.clone()), policy_config).default_backoff(),
-        )
-        .for_each(|event| async move {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "watching InjectionPolicies for coverage");
-            }
-        }),
-    );
-    let _guard = AbortOnDrop(vec![pod_task, ns_task, policy_task]);
+    // The controller's cache, shared: a reflector of its own would hold every policy twice.
+    let _guard = AbortOnDrop(vec![pod_task, ns_task]);
     tracing::debug!("coverage: waiting for the policy cache");
     if policies.wait_until_ready().await.is_err() {
         return;

@@ -13,6 +13,7 @@ pub mod conflicts;
 pub mod coverage;
 pub mod guard;
 pub mod leader;
+pub mod neighbours;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
@@ -32,7 +33,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER};
@@ -92,6 +93,9 @@ pub struct Context {
     pub guard: watch::Receiver<guard::GuardStatus>,
     /// Why Splice cannot keep its certificates (a Secret it did not create), if it cannot.
     pub certificate_problem: watch::Receiver<Option<String>>,
+    /// Who conflicted with whom at the last reconcile, so a spec change re-reconciles only the
+    /// policies whose conflicts it can change.
+    pub neighbours: Arc<neighbours::Neighbours>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -130,6 +134,8 @@ impl Context {
             // Until a guard is attached, `Fail` is never in force.
             guard: watch::channel(guard::GuardStatus::not_observed()).1,
             certificate_problem: watch::channel(None).1,
+            // Without a controller reading the queue, requeues go nowhere.
+            neighbours: Arc::new(neighbours::Neighbours::new().0),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
@@ -137,6 +143,11 @@ impl Context {
 
     pub fn with_certificate_problem(mut self, problem: watch::Receiver<Option<String>>) -> Self {
         self.certificate_problem = problem;
+        self
+    }
+
+    pub fn with_neighbours(mut self, neighbours: Arc<neighbours::Neighbours>) -> Self {
+        self.neighbours = neighbours;
         self
     }
 
@@ -418,7 +429,27 @@ async fn lead(
 ) {
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    let controller = Controller::new(policies, watcher_config(&settings.policy_selector));
+    let (neighbours, requeue) = neighbours::Neighbours::new();
+    let neighbours = Arc::new(neighbours);
+    let (store, writer) = reflector::store::<InjectionPolicy>();
+    let policy_events = {
+        let neighbours = Arc::clone(&neighbours);
+        let store = store.clone();
+        watcher(policies, watcher_config(&settings.policy_selector))
+            .default_backoff()
+            .modify(slim)
+            .reflect(writer)
+            .inspect(move |event| match event {
+                Ok(watcher::Event::Delete(p)) => neighbours.forget(&p.name_any()),
+                // A relist does not report what was deleted during the gap; the store knows.
+                Ok(watcher::Event::InitDone) => {
+                    neighbours.forget_all_but(|name| store.get(&ObjectRef::new(name)).is_some())
+                }
+                _ => {}
+            })
+            .applied_objects()
+    };
+    let controller = Controller::for_stream(policy_events, store);
     let secret_changed_for_status = secret_changed.clone();
     let keeper = certs::Keeper::new(&client, &settings, controller.store());
     let certificate_problem = keeper.problems();
@@ -448,22 +479,21 @@ async fn lead(
             metrics,
             leading,
         )
+        .with_neighbours(neighbours)
         .with_guard(guard_rx.clone())
         .with_certificate_problem(certificate_problem.clone()),
     );
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
-        watcher_config(&settings.policy_selector),
+        controller.store(),
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),
     ));
-    // Conflicts are pairwise, so any policy's spec change (or a deletion) may change another
-    // policy's status; a new CA changes every caBundle; the guard's verdict changes every
-    // policy that requests Fail.
-    let everything = futures::stream::select(changes(policies_changed), changes(ca_bundle));
-    let everything = futures::stream::select(everything, changes(guard_rx));
+    // A spec change or deletion re-reconciles only its conflict partners (`neighbours`); a new CA
+    // changes every caBundle; the guard's verdict changes every policy that requests Fail.
+    let everything = futures::stream::select(changes(ca_bundle), changes(guard_rx));
     // A new serving certificate changes every policy's certificateNotAfter.
     let everything = futures::stream::select(everything, changes(secret_changed_for_status));
     let everything = futures::stream::select(everything, changes(certificate_problem));
@@ -473,6 +503,7 @@ async fn lead(
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
         )
         .reconcile_all_on(everything)
+        .reconcile_on(tokio_stream_of(requeue))
         .with_config(controller::Config::default().concurrency(4))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -485,6 +516,21 @@ async fn lead(
     janitor_task.abort();
     guard_task.abort();
     coverage_task.abort();
+}
+
+/// What the leader's cache keeps of a policy: everything but managedFields and kubectl's
+/// last-applied copy of the spec, which nothing reads and which can be most of a small object.
+fn slim(policy: &mut InjectionPolicy) {
+    policy.managed_fields_mut().clear();
+    if let Some(annotations) = policy.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+fn tokio_stream_of<T: Send + 'static>(
+    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
+) -> impl Stream<Item = T> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 /// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage

@@ -132,6 +132,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     let failure_policy = effective_failure_policy(policy.spec.failure_policy, &guard);
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
+    drop(all);
+    ctx.neighbours.observed(policy, &conflicts);
 
     let mut failure = None;
     let mut restored = None;
