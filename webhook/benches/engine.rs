@@ -193,9 +193,9 @@ fn cpu_table() {
             .join(" ")
     );
     println!(
-        "| pod | scan only (IgnoredAny) | parse to Value | patch, warm (webhook) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
+        "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, pod) in PODS {
         let req = PodRequest {
             operation: Operation::Create,
@@ -214,6 +214,9 @@ fn cpu_table() {
         let scan = best(n, &mut |_| {
             let _ = std::hint::black_box(serde_json::from_str::<serde::de::IgnoredAny>(pod));
         });
+        let cursor = best(n, &mut |_| {
+            let _ = std::hint::black_box(splice_webhook::json::validate(std::hint::black_box(pod)));
+        });
         let value = best(n, &mut |_| {
             let _ = std::hint::black_box(serde_json::from_str::<serde_json::Value>(pod));
         });
@@ -229,7 +232,7 @@ fn cpu_table() {
             let _ = std::hint::black_box(inject_and_apply(&warm, &req));
         });
         println!(
-            "| {name} ({} B) | {scan:.1} | {value:.1} | {patch:.1} | {cold:.1} | {full:.1} | {:.1}× |",
+            "| {name} ({} B) | {scan:.1} | {cursor:.1} | {value:.1} | {patch:.1} | {cold:.1} | {full:.1} | {:.1}× |",
             pod.len(),
             full / patch
         );

@@ -1,73 +1,136 @@
 //! The `admission.k8s.io/v1` AdmissionReview wire format, parsed lean.
 //!
-//! The request is deserialized into borrowed structs: strings point into the body when they hold
-//! no escapes, and the object is a [`RawValue`] handed to the engine as `&str`, so the server never
-//! builds a tree of the pod. Unknown fields (userInfo, oldObject, options) are skipped.
+//! The request is read in one pass of [`crate::json::Cursor`]: strings point into the body when
+//! they hold no escapes, and the object is validated here and handed to the engine as its verbatim
+//! text, so the server never builds a tree of the pod. Unknown fields (userInfo, oldObject,
+//! options) are skipped after being checked to be JSON.
 
 use std::borrow::Cow;
 
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use serde::Serialize;
+
+use crate::json::{self, Cursor};
 
 /// The only AdmissionReview version Splice registers for (`admissionReviewVersions: [v1]`).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
 
-/// A string borrowed from the body when possible. `Option<Cow<str>>` alone never borrows.
-#[derive(Debug, Deserialize)]
-#[serde(transparent)]
-struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
-
-#[derive(Debug, Deserialize)]
+/// The fields of the envelope Splice reads, as found (absent or `null` is `None`).
+#[derive(Debug, Default)]
 struct WireReview<'a> {
-    #[serde(rename = "apiVersion", borrow)]
-    api_version: Option<Text<'a>>,
-    #[serde(borrow)]
-    kind: Option<Text<'a>>,
-    #[serde(borrow)]
+    api_version: Option<Cow<'a, str>>,
+    kind: Option<Cow<'a, str>>,
     request: Option<WireRequest<'a>>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Default)]
 struct WireRequest<'a> {
-    #[serde(borrow)]
-    uid: Option<Text<'a>>,
-    #[serde(borrow)]
-    kind: Option<WireGroupVersionKind<'a>>,
-    #[serde(borrow)]
-    resource: Option<WireGroupVersionResource<'a>>,
-    #[serde(borrow)]
-    sub_resource: Option<Text<'a>>,
-    #[serde(borrow)]
-    operation: Option<Text<'a>>,
-    #[serde(borrow)]
-    namespace: Option<Text<'a>>,
-    #[serde(borrow)]
-    name: Option<Text<'a>>,
-    #[serde(borrow)]
-    object: Option<&'a RawValue>,
+    uid: Option<Cow<'a, str>>,
+    kind: Option<WireGroupVersion<'a>>,
+    resource: Option<WireGroupVersion<'a>>,
+    sub_resource: Option<Cow<'a, str>>,
+    operation: Option<Cow<'a, str>>,
+    namespace: Option<Cow<'a, str>>,
+    name: Option<Cow<'a, str>>,
+    object: Option<&'a str>,
     dry_run: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
-struct WireGroupVersionKind<'a> {
-    #[serde(borrow)]
-    group: Option<Text<'a>>,
-    #[serde(borrow)]
-    version: Option<Text<'a>>,
-    #[serde(borrow)]
-    kind: Option<Text<'a>>,
+/// A GroupVersionKind or a GroupVersionResource: `name` is the kind or the resource.
+#[derive(Debug, Default)]
+struct WireGroupVersion<'a> {
+    group: Option<Cow<'a, str>>,
+    version: Option<Cow<'a, str>>,
+    name: Option<Cow<'a, str>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct WireGroupVersionResource<'a> {
-    #[serde(borrow)]
-    group: Option<Text<'a>>,
-    #[serde(borrow)]
-    version: Option<Text<'a>>,
-    #[serde(borrow)]
-    resource: Option<Text<'a>>,
+/// Reads one field into `slot`. A field seen twice is refused, as serde's derive does: two uids
+/// would leave the reply's uid a guess.
+fn field<'a, T>(
+    c: &mut Cursor<'a>,
+    slot: &mut Option<Option<T>>,
+    read: impl FnOnce(&mut Cursor<'a>) -> Result<T, json::Error>,
+) -> Result<(), json::Error> {
+    if slot.is_some() {
+        return Err(c.shape_error("a field appears twice"));
+    }
+    *slot = Some(if c.null()? { None } else { Some(read(c)?) });
+    Ok(())
+}
+
+fn text<'a>(c: &mut Cursor<'a>) -> Result<Cow<'a, str>, json::Error> {
+    c.string()
+}
+
+fn read_review<'a>(c: &mut Cursor<'a>) -> Result<WireReview<'a>, json::Error> {
+    let (mut api_version, mut kind, mut request) = (None, None, None);
+    let mut members = c.object()?;
+    while let Some(key) = c.key(&mut members)? {
+        match &*key {
+            "apiVersion" => field(c, &mut api_version, text)?,
+            "kind" => field(c, &mut kind, text)?,
+            "request" => field(c, &mut request, read_request)?,
+            _ => c.skip_value()?,
+        }
+    }
+    Ok(WireReview {
+        api_version: api_version.flatten(),
+        kind: kind.flatten(),
+        request: request.flatten(),
+    })
+}
+
+fn read_request<'a>(c: &mut Cursor<'a>) -> Result<WireRequest<'a>, json::Error> {
+    let (mut uid, mut kind, mut resource, mut sub_resource) = (None, None, None, None);
+    let (mut operation, mut namespace, mut name, mut object, mut dry_run) =
+        (None, None, None, None, None);
+    let mut members = c.object()?;
+    while let Some(key) = c.key(&mut members)? {
+        match &*key {
+            "uid" => field(c, &mut uid, text)?,
+            "kind" => field(c, &mut kind, |c| read_group_version(c, "kind"))?,
+            "resource" => field(c, &mut resource, |c| read_group_version(c, "resource"))?,
+            "subResource" => field(c, &mut sub_resource, text)?,
+            "operation" => field(c, &mut operation, text)?,
+            "namespace" => field(c, &mut namespace, text)?,
+            "name" => field(c, &mut name, text)?,
+            "object" => field(c, &mut object, Cursor::raw_value)?,
+            "dryRun" => field(c, &mut dry_run, Cursor::boolean)?,
+            _ => c.skip_value()?,
+        }
+    }
+    Ok(WireRequest {
+        uid: uid.flatten(),
+        kind: kind.flatten(),
+        resource: resource.flatten(),
+        sub_resource: sub_resource.flatten(),
+        operation: operation.flatten(),
+        namespace: namespace.flatten(),
+        name: name.flatten(),
+        object: object.flatten(),
+        dry_run: dry_run.flatten(),
+    })
+}
+
+fn read_group_version<'a>(
+    c: &mut Cursor<'a>,
+    name_key: &str,
+) -> Result<WireGroupVersion<'a>, json::Error> {
+    let (mut group, mut version, mut name) = (None, None, None);
+    let mut members = c.object()?;
+    while let Some(key) = c.key(&mut members)? {
+        match &*key {
+            "group" => field(c, &mut group, text)?,
+            "version" => field(c, &mut version, text)?,
+            k if k == name_key => field(c, &mut name, text)?,
+            _ => c.skip_value()?,
+        }
+    }
+    Ok(WireGroupVersion {
+        group: group.flatten(),
+        version: version.flatten(),
+        name: name.flatten(),
+    })
 }
 
 /// `request.operation`.
@@ -110,8 +173,9 @@ pub struct Review<'a> {
     pub is_pod: bool,
     pub namespace: Cow<'a, str>,
     pub name: Option<Cow<'a, str>>,
-    /// The incoming object, verbatim. Present for every CREATE and UPDATE of a pod.
-    pub object: Option<&'a RawValue>,
+    /// The incoming object, verbatim and checked to be JSON. Present for every CREATE and UPDATE
+    /// of a pod.
+    pub object: Option<&'a str>,
     pub dry_run: bool,
 }
 
@@ -121,11 +185,11 @@ pub enum ReviewError {
     #[error("the request body is empty")]
     Empty,
     #[error("the request body is truncated: {0}")]
-    Truncated(#[source] serde_json::Error),
+    Truncated(#[source] json::Error),
     #[error("the request body is not JSON: {0}")]
-    NotJson(#[source] serde_json::Error),
+    NotJson(#[source] json::Error),
     #[error("the request body is not an AdmissionReview: {0}")]
-    Shape(#[source] serde_json::Error),
+    Shape(#[source] json::Error),
     #[error("apiVersion is {0:?}; Splice only speaks {API_VERSION}")]
     ApiVersion(String),
     #[error("kind is {0:?}; expected {KIND}")]
@@ -173,57 +237,57 @@ fn clip(value: &str) -> String {
     }
 }
 
-fn text<'a>(t: Option<Text<'a>>) -> Option<Cow<'a, str>> {
-    t.map(|t| t.0)
-}
-
 /// Parses and checks an AdmissionReview body.
 pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(ReviewError::Empty);
     }
-    let wire: WireReview<'_> = serde_json::from_slice(body).map_err(|e| {
-        if e.is_eof() {
-            ReviewError::Truncated(e)
-        } else if e.is_syntax() {
-            ReviewError::NotJson(e)
-        } else {
-            ReviewError::Shape(e)
-        }
-    })?;
-    let api_version = text(wire.api_version).unwrap_or_default();
+    let wire = json::utf8(body)
+        .and_then(|text| {
+            let mut c = Cursor::new(text);
+            let wire = read_review(&mut c)?;
+            c.finish()?;
+            Ok(wire)
+        })
+        .map_err(|e| match e.kind() {
+            json::ErrorKind::Eof => ReviewError::Truncated(e),
+            json::ErrorKind::Syntax => ReviewError::NotJson(e),
+            json::ErrorKind::Shape => ReviewError::Shape(e),
+        })?;
+    let api_version = wire.api_version.unwrap_or_default();
     if api_version != API_VERSION {
         return Err(ReviewError::ApiVersion(clip(&api_version)));
     }
-    let kind = text(wire.kind).unwrap_or_default();
+    let kind = wire.kind.unwrap_or_default();
     if kind != KIND {
         return Err(ReviewError::Kind(clip(&kind)));
     }
     let request = wire.request.ok_or(ReviewError::NoRequest)?;
-    let uid = text(request.uid)
+    let uid = request
+        .uid
         .filter(|u| !u.is_empty())
         .ok_or(ReviewError::NoUid)?;
     let gvk = request.kind.ok_or(ReviewError::NoKind)?;
-    let operation = match text(request.operation).as_deref() {
+    let operation = match request.operation.as_deref() {
         Some("CREATE") => AdmissionOperation::Create,
         Some("UPDATE") => AdmissionOperation::Update,
         Some("DELETE") => AdmissionOperation::Delete,
         Some("CONNECT") => AdmissionOperation::Connect,
         other => return Err(ReviewError::Operation(clip(other.unwrap_or_default()))),
     };
-    let is_core_v1 = |group: Option<Text<'_>>, version: Option<Text<'_>>| {
-        text(group).unwrap_or_default().is_empty() && text(version).as_deref() == Some("v1")
+    let is_core_v1 = |gv: &WireGroupVersion<'_>| {
+        gv.group.as_deref().unwrap_or_default().is_empty() && gv.version.as_deref() == Some("v1")
     };
-    let kind_is_pod =
-        text(gvk.kind).as_deref() == Some("Pod") && is_core_v1(gvk.group, gvk.version);
+    let kind_is_pod = gvk.name.as_deref() == Some("Pod") && is_core_v1(&gvk);
     // The resource is optional in practice (hand-written reviews); when present it must agree.
-    let resource_is_pods = request.resource.is_none_or(|r| {
-        text(r.resource).as_deref() == Some("pods") && is_core_v1(r.group, r.version)
-    });
-    let whole_object = text(request.sub_resource).unwrap_or_default().is_empty();
+    let resource_is_pods = request
+        .resource
+        .as_ref()
+        .is_none_or(|r| r.name.as_deref() == Some("pods") && is_core_v1(r));
+    let whole_object = request.sub_resource.unwrap_or_default().is_empty();
     let is_pod = kind_is_pod && resource_is_pods && whole_object;
-    let namespace = text(request.namespace).unwrap_or_default();
-    let object = request.object.filter(|o| o.get() != "null");
+    let namespace = request.namespace.unwrap_or_default();
+    let object = request.object;
     if is_pod {
         if operation.injectable().is_some() && object.is_none() {
             return Err(ReviewError::NoObject(operation.as_str()));
@@ -239,7 +303,7 @@ pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
         operation,
         is_pod,
         namespace,
-        name: text(request.name).filter(|n| !n.is_empty()),
+        name: request.name.filter(|n| !n.is_empty()),
         object,
         dry_run: request.dry_run.unwrap_or(false),
     })
@@ -307,6 +371,145 @@ pub fn scan_uid(body: &[u8]) -> Option<&str> {
     std::str::from_utf8(rest.get(..end)?).ok()
 }
 
+/// The serde reader this module used before the cursor, kept as the oracle of a differential test.
+#[cfg(test)]
+mod serde_oracle {
+    #![allow(clippy::all)]
+    use std::borrow::Cow;
+
+    use serde_json::value::RawValue;
+
+    use super::{API_VERSION, AdmissionOperation, KIND, Review};
+
+    /// A string borrowed from the body when possible. `Option<Cow<str>>` alone never borrows.
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(transparent)]
+    struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+    #[derive(Debug, serde::Deserialize)]
+    struct WireReview<'a> {
+        #[serde(rename = "apiVersion", borrow)]
+        api_version: Option<Text<'a>>,
+        #[serde(borrow)]
+        kind: Option<Text<'a>>,
+        #[serde(borrow)]
+        request: Option<WireRequest<'a>>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct WireRequest<'a> {
+        #[serde(borrow)]
+        uid: Option<Text<'a>>,
+        #[serde(borrow)]
+        kind: Option<WireGroupVersionKind<'a>>,
+        #[serde(borrow)]
+        resource: Option<WireGroupVersionResource<'a>>,
+        #[serde(borrow)]
+        sub_resource: Option<Text<'a>>,
+        #[serde(borrow)]
+        operation: Option<Text<'a>>,
+        #[serde(borrow)]
+        namespace: Option<Text<'a>>,
+        #[serde(borrow)]
+        name: Option<Text<'a>>,
+        #[serde(borrow)]
+        object: Option<&'a RawValue>,
+        dry_run: Option<bool>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct WireGroupVersionKind<'a> {
+        #[serde(borrow)]
+        group: Option<Text<'a>>,
+        #[serde(borrow)]
+        version: Option<Text<'a>>,
+        #[serde(borrow)]
+        kind: Option<Text<'a>>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct WireGroupVersionResource<'a> {
+        #[serde(borrow)]
+        group: Option<Text<'a>>,
+        #[serde(borrow)]
+        version: Option<Text<'a>>,
+        #[serde(borrow)]
+        resource: Option<Text<'a>>,
+    }
+
+    fn text<'a>(t: Option<Text<'a>>) -> Option<Cow<'a, str>> {
+        t.map(|t| t.0)
+    }
+
+    pub(super) fn parse_review(body: &[u8]) -> Result<Review<'_>, &'static str> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err("empty_body");
+        }
+        let wire: WireReview<'_> = serde_json::from_slice(body).map_err(|e| {
+            if e.is_eof() {
+                "truncated_body"
+            } else if e.is_syntax() {
+                "not_json"
+            } else {
+                "not_an_admission_review"
+            }
+        })?;
+        let api_version = text(wire.api_version).unwrap_or_default();
+        if api_version != API_VERSION {
+            return Err("unsupported_api_version");
+        }
+        let kind = text(wire.kind).unwrap_or_default();
+        if kind != KIND {
+            return Err("wrong_kind");
+        }
+        let request = wire.request.ok_or("no_request")?;
+        let uid = text(request.uid)
+            .filter(|u| !u.is_empty())
+            .ok_or("no_uid")?;
+        let gvk = request.kind.ok_or("no_request_kind")?;
+        let operation = match text(request.operation).as_deref() {
+            Some("CREATE") => AdmissionOperation::Create,
+            Some("UPDATE") => AdmissionOperation::Update,
+            Some("DELETE") => AdmissionOperation::Delete,
+            Some("CONNECT") => AdmissionOperation::Connect,
+            _ => return Err("unknown_operation"),
+        };
+        let is_core_v1 = |group: Option<Text<'_>>, version: Option<Text<'_>>| {
+            text(group).unwrap_or_default().is_empty() && text(version).as_deref() == Some("v1")
+        };
+        let kind_is_pod =
+            text(gvk.kind).as_deref() == Some("Pod") && is_core_v1(gvk.group, gvk.version);
+        // The resource is optional in practice (hand-written reviews); when present it must agree.
+        let resource_is_pods = request.resource.is_none_or(|r| {
+            text(r.resource).as_deref() == Some("pods") && is_core_v1(r.group, r.version)
+        });
+        let whole_object = text(request.sub_resource).unwrap_or_default().is_empty();
+        let is_pod = kind_is_pod && resource_is_pods && whole_object;
+        let namespace = text(request.namespace).unwrap_or_default();
+        let object = request.object.filter(|o| o.get() != "null");
+        if is_pod {
+            if operation.injectable().is_some() && object.is_none() {
+                return Err("no_object");
+            }
+            if namespace.is_empty() {
+                return Err("no_namespace");
+            }
+        }
+        Ok(Review {
+            api_version,
+            kind,
+            uid,
+            operation,
+            is_pod,
+            namespace,
+            name: text(request.name).filter(|n| !n.is_empty()),
+            object: object.map(RawValue::get),
+            dry_run: request.dry_run.unwrap_or(false),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,7 +535,7 @@ mod tests {
         assert!(r.dry_run);
         assert_eq!(r.namespace, "team-a");
         assert_eq!(
-            r.object.map(RawValue::get),
+            r.object,
             Some(r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#)
         );
         assert!(
@@ -446,6 +649,87 @@ mod tests {
         assert!(!response.contains_key("patch"));
         assert!(!response.contains_key("patchType"));
         assert!(!response.contains_key("warnings"));
+    }
+
+    /// What a parse tells the handler, for comparing two readers.
+    fn outcome(r: Result<Review<'_>, &'static str>) -> String {
+        match r {
+            Ok(r) => format!(
+                "{} {} {} {:?} {} {} {:?} {:?} {}",
+                r.api_version,
+                r.kind,
+                r.uid,
+                r.operation,
+                r.is_pod,
+                r.namespace,
+                r.name,
+                r.object,
+                r.dry_run
+            ),
+            Err(label) => label.to_owned(),
+        }
+    }
+
+    fn same_as_serde(body: &str) -> Result<(), String> {
+        let ours = outcome(parse_review(body.as_bytes()).map_err(|e| e.label()));
+        let theirs = outcome(serde_oracle::parse_review(body.as_bytes()));
+        // serde's derive reads a struct from an array too; the cursor wants an object, as the
+        // API server sends.
+        let serde_read_an_array = body.trim_start().starts_with('[');
+        // Where serde read a wrongly typed field before a syntax error later on, it reports the
+        // type; the cursor reports whichever comes first too, but tells a byte that cannot start
+        // a value as a syntax error. Either way the body is refused.
+        let both_refused_as_malformed = ours != theirs
+            && [&ours, &theirs].iter().all(|o| {
+                ["not_json", "not_an_admission_review", "truncated_body"].contains(&o.as_str())
+            });
+        if ours == theirs || serde_read_an_array || both_refused_as_malformed {
+            Ok(())
+        } else {
+            Err(format!("cursor {ours} vs serde {theirs}"))
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn mutated_reviews_are_read_as_the_serde_reader_read_them(
+            doc in crate::json::tests::mutated_review()
+        ) {
+            if let Err(e) = same_as_serde(&doc) {
+                proptest::prop_assert!(false, "{} on {:?}", e, doc);
+            }
+        }
+    }
+
+    #[test]
+    fn the_fixture_reviews_are_read_as_the_serde_reader_read_them() {
+        same_as_serde(&review(POD_CREATE)).unwrap();
+        for pod in &crate::json::tests::SEEDS[..4] {
+            let body = review(&POD_CREATE.replace(
+                r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#,
+                pod,
+            ));
+            same_as_serde(&body).unwrap();
+            assert!(parse_review(body.as_bytes()).unwrap().object.is_some());
+        }
+    }
+
+    #[test]
+    fn an_object_that_is_not_json_is_refused_with_the_envelope() {
+        let body = review(&POD_CREATE.replace(r#"{"name":"app"}"#, r#"{"name":"app",}"#));
+        assert_eq!(
+            parse_review(body.as_bytes()).unwrap_err().label(),
+            "not_json"
+        );
+        let body = review(&POD_CREATE.replace(r#""p""#, "\"\\ud800\""));
+        // A lone surrogate inside the object is skipped as serde skips it; the engine decides.
+        assert!(parse_review(body.as_bytes()).is_ok());
+        let mut bytes = review(POD_CREATE).into_bytes();
+        let at = bytes.iter().position(|&b| b == b'p').unwrap();
+        bytes[at] = 0xff;
+        assert_eq!(parse_review(&bytes).unwrap_err().label(), "not_json");
     }
 
     #[test]

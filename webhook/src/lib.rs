@@ -2,6 +2,7 @@
 pub mod admin;
 pub mod admission;
 pub mod engine;
+pub mod json;
 pub mod metrics;
 pub mod server;
 pub mod store;

@@ -442,8 +442,8 @@ fn run(
     request: &PodRequest<'_>,
     want_object: bool,
 ) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
-    let view: PodView<'_> = serde_json::from_str(request.object)
-        .map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let view: PodView<'_> =
+        view::from_str(request.object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     if let Some(reason) = precheck(policy, request, &view) {
         return Ok((Decision::Skip(reason), None));
     }
@@ -654,7 +654,7 @@ fn strip_for_render(pod: &mut serde_json::Value, policy: &str, mine: &Provenance
 /// An absent annotation gives an empty map.
 pub fn provenance(object: &str) -> Result<Provenance, EngineError> {
     let view: PodView<'_> =
-        serde_json::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+        view::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     let raw = view
         .metadata
         .as_ref()
@@ -663,7 +663,7 @@ pub fn provenance(object: &str) -> Result<Provenance, EngineError> {
     let Some(raw) = raw else {
         return Ok(Provenance::new());
     };
-    let text: Str<'_> = serde_json::from_str(raw.get()).map_err(|e| {
+    let text: Str<'_> = view::from_str(raw.get()).map_err(|e| {
         EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
     })?;
     serde_json::from_str(&text).map_err(|e| {

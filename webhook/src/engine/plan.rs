@@ -11,13 +11,14 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 
 use serde_json::Value;
-use serde_json::value::RawValue;
 use splice_crds::{Operation, STATUS_ANNOTATION};
 
 use super::patch::{Op, OpValue, pointer, push_token};
 use super::provenance::ProvenanceEntry;
 use super::template::{RItem, Rendered};
-use super::view::{ContainerView, Entries, Named, PodView, RawContainerView, RawPodView, Str};
+use super::view::{
+    self, ContainerView, Entries, Named, PodView, Raw, RawContainerView, RawPodView, Str,
+};
 use super::{EngineError, validate};
 
 /// The `splice.dev/status` annotation as found on the pod.
@@ -42,7 +43,7 @@ impl Status {
         let Some(raw) = raw else {
             return Status::default();
         };
-        let parsed = serde_json::from_str::<Str<'_>>(raw.get())
+        let parsed = view::from_str::<Str<'_>>(raw.get())
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Map<String, Value>>(&s).ok());
         let Some(entries) = parsed else {
@@ -162,7 +163,7 @@ impl<'x> ListPlan<'x> {
         ours: Vec<(usize, &str)>,
         desired: Vec<&'x RItem<'x>>,
         hash_same: bool,
-        raw: impl Fn(usize) -> Result<Option<&'r RawValue>, EngineError>,
+        raw: impl Fn(usize) -> Result<Option<Raw<'r>>, EngineError>,
     ) -> Result<Self, EngineError> {
         let mut same = hash_same
             && ours.len() == desired.len()
@@ -251,7 +252,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
 
         // The second, raw pass is only needed to confirm an earlier injection is intact.
         let raw_pod: Option<RawPodView<'_>> = if hash_same {
-            Some(serde_json::from_str(object).map_err(invalid)?)
+            Some(view::from_str(object).map_err(invalid)?)
         } else {
             None
         };
@@ -377,7 +378,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                     })
                     .collect();
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
-                let raw_env: Option<Vec<&RawValue>> = if needs_raw {
+                let raw_env: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?.env.clone()
                 } else {
                     None
@@ -435,7 +436,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                     })
                     .collect();
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
-                let raw_mounts: Option<Vec<&RawValue>> = if needs_raw {
+                let raw_mounts: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?
                         .volume_mounts
                         .clone()
@@ -596,8 +597,8 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         "annotation",
         "/metadata/annotations",
         pod_annotations,
-        |v: &&RawValue| {
-            serde_json::from_str::<Str<'_>>(v.get())
+        |v: &Raw<'_>| {
+            view::from_str::<Str<'_>>(v.get())
                 .map(|s| Cow::Owned(s.to_string()))
                 .map_err(|e| invalid(format!("metadata.annotations: {e}")))
         },
@@ -676,21 +677,21 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
     Ok(Plan { ops, warnings })
 }
 
-fn raw_at<'o>(list: Option<&Vec<&'o RawValue>>, i: usize) -> Option<&'o RawValue> {
+fn raw_at<'o>(list: Option<&Vec<Raw<'o>>>, i: usize) -> Option<Raw<'o>> {
     list.and_then(|l| l.get(i).copied())
 }
 
 /// The raw view of container `ci`, parsed on first use.
 fn raw_container<'r, 'o>(
     slot: &'r mut Option<RawContainerView<'o>>,
-    containers: Option<&Vec<&'o RawValue>>,
+    containers: Option<&Vec<Raw<'o>>>,
     ci: usize,
 ) -> Result<&'r RawContainerView<'o>, EngineError> {
     if slot.is_none() {
         let raw = containers
             .and_then(|l| l.get(ci).copied())
             .ok_or_else(|| invalid("spec.containers changed between two reads"))?;
-        *slot = Some(serde_json::from_str(raw.get()).map_err(invalid)?);
+        *slot = Some(view::from_str(raw.get()).map_err(invalid)?);
     }
     slot.as_ref()
         .ok_or_else(|| invalid("spec.containers changed between two reads"))

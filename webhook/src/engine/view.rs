@@ -1,17 +1,80 @@
 //! Borrowed, partial views of a pod's raw JSON.
 //!
 //! The engine reads a handful of fields (names, labels, annotations, env names, mount paths) and
-//! skips everything else without allocating. Every view accepts only a JSON object (serde's derive
-//! would also accept an array for a struct, which would make the engine emit paths that do not
-//! exist).
+//! skips everything else without allocating, in one pass of [`crate::json::Cursor`]. Every view
+//! accepts only a JSON object (serde's derive would also accept an array for a struct, which would
+//! make the engine emit paths that do not exist).
+//!
+//! The serde implementations kept under the `serde-oracle` feature are the previous readers: the
+//! differential tests and the fuzz target check the cursor against them.
 
 use std::borrow::Cow;
+#[cfg(any(test, feature = "serde-oracle"))]
 use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
 
+#[cfg(any(test, feature = "serde-oracle"))]
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
+
+use crate::json::{Cursor, Error};
+
+/// A value read from a cursor, as its serde `Deserialize` would read it.
+pub(crate) trait FromJson<'a>: Sized {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error>;
+}
+
+/// Reads a whole document (nothing but whitespace may follow the value).
+pub(crate) fn from_str<'a, T: FromJson<'a>>(text: &'a str) -> Result<T, Error> {
+    let mut c = Cursor::new(text);
+    let value = T::read(&mut c)?;
+    c.finish()?;
+    Ok(value)
+}
+
+impl<'a, T: FromJson<'a>> FromJson<'a> for Option<T> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        if c.null()? {
+            Ok(None)
+        } else {
+            T::read(c).map(Some)
+        }
+    }
+}
+
+/// The verbatim text of a JSON value (validated, not decoded).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+impl<'a> FromJson<'a> for Raw<'a> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        c.raw_value().map(Raw)
+    }
+}
+
+#[cfg(any(test, feature = "serde-oracle"))]
+impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'de serde_json::value::RawValue>::deserialize(d).map(|r| Raw(r.get()))
+    }
+}
+
+impl<'a, T: FromJson<'a>> FromJson<'a> for Vec<T> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        let mut items = c.array()?;
+        let mut out = Vec::new();
+        while c.item(&mut items)? {
+            out.push(T::read(c)?);
+        }
+        Ok(out)
+    }
+}
 
 /// A JSON string, borrowed from the input unless it holds escapes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -24,6 +87,13 @@ impl Deref for Str<'_> {
     }
 }
 
+impl<'a> FromJson<'a> for Str<'a> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        c.string().map(Str)
+    }
+}
+
+#[cfg(any(test, feature = "serde-oracle"))]
 impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a>(PhantomData<&'a ()>);
@@ -47,7 +117,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 }
 
 /// The entries of a JSON object, in document order (labels, annotations).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub(crate) struct Entries<'a, V>(pub Vec<(Str<'a>, V)>);
 
 impl<'a, V> Entries<'a, V> {
@@ -56,6 +126,25 @@ impl<'a, V> Entries<'a, V> {
     }
 }
 
+impl<'a, T: FromJson<'a>> FromJson<'a> for Entries<'a, T> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        let mut members = c.object()?;
+        let mut out: Vec<(Str<'a>, T)> = Vec::new();
+        while let Some(k) = c.key(&mut members)? {
+            let v = T::read(c)?;
+            // JSON objects with a repeated key keep the last value, as serde_json::Value and the
+            // API server do.
+            if let Some(slot) = out.iter_mut().find(|(ek, _)| *ek.0 == *k) {
+                slot.1 = v;
+            } else {
+                out.push((Str(k), v));
+            }
+        }
+        Ok(Entries(out))
+    }
+}
+
+#[cfg(any(test, feature = "serde-oracle"))]
 impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Entries<'a, T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a, T>(PhantomData<(&'a (), T)>);
@@ -86,8 +175,11 @@ impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Entries<'a, T> {
 
 /// A JSON array of items the engine reads. It starts with room for a typical pod's list: grown from
 /// empty, a 20-variable env would be reallocated four times on every request.
-#[derive(Debug)]
+#[derive(Debug, PartialEq)]
 pub(crate) struct List<T>(pub Vec<T>);
+
+/// Room for a typical pod's list.
+const TYPICAL: usize = 16;
 
 impl<T> Deref for List<T> {
     type Target = [T];
@@ -96,6 +188,18 @@ impl<T> Deref for List<T> {
     }
 }
 
+impl<'a, T: FromJson<'a>> FromJson<'a> for List<T> {
+    fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        let mut items = c.array()?;
+        let mut out = Vec::with_capacity(TYPICAL);
+        while c.item(&mut items)? {
+            out.push(T::read(c)?);
+        }
+        Ok(List(out))
+    }
+}
+
+#[cfg(any(test, feature = "serde-oracle"))]
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<T>(PhantomData<T>);
@@ -105,7 +209,6 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
                 f.write_str("a sequence")
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                const TYPICAL: usize = 16;
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(TYPICAL).min(TYPICAL));
                 while let Some(item) = seq.next_element()? {
                     out.push(item);
@@ -122,12 +225,27 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
 macro_rules! object_view {
     ($(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
         $(#[$m])*
-        #[derive(Debug, Default)]
+        #[derive(Debug, Default, PartialEq)]
         pub(crate) struct $name<$lt> {
             $(pub $field: $ty,)*
             _l: PhantomData<&$lt ()>,
         }
 
+        impl<$lt> FromJson<$lt> for $name<$lt> {
+            fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
+                let mut members = c.object()?;
+                let mut out = $name::default();
+                while let Some(key) = c.key(&mut members)? {
+                    match &*key {
+                        $($key => out.$field = FromJson::read(c)?,)*
+                        _ => c.skip_value()?,
+                    }
+                }
+                Ok(out)
+            }
+        }
+
+        #[cfg(any(test, feature = "serde-oracle"))]
         impl<'de: $lt, $lt> Deserialize<'de> for $name<$lt> {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 struct V<$lt>(PhantomData<&$lt ()>);
@@ -170,7 +288,7 @@ object_view! {
         labels: Option<Entries<'a, Str<'a>>> = "labels",
         // Annotation values stay raw: a last-applied-configuration annotation is kilobytes of
         // escaped JSON that the engine never needs to decode.
-        annotations: Option<Entries<'a, &'a RawValue>> = "annotations",
+        annotations: Option<Entries<'a, Raw<'a>>> = "annotations",
     }
 }
 
@@ -212,16 +330,16 @@ object_view! {
 
 object_view! {
     RawSpecView<'a> {
-        init_containers: Option<Vec<&'a RawValue>> = "initContainers",
-        containers: Option<Vec<&'a RawValue>> = "containers",
-        volumes: Option<Vec<&'a RawValue>> = "volumes",
+        init_containers: Option<Vec<Raw<'a>>> = "initContainers",
+        containers: Option<Vec<Raw<'a>>> = "containers",
+        volumes: Option<Vec<Raw<'a>>> = "volumes",
     }
 }
 
 object_view! {
     RawContainerView<'a> {
-        env: Option<Vec<&'a RawValue>> = "env",
-        volume_mounts: Option<Vec<&'a RawValue>> = "volumeMounts",
+        env: Option<Vec<Raw<'a>>> = "env",
+        volume_mounts: Option<Vec<Raw<'a>>> = "volumeMounts",
     }
 }
 
@@ -240,5 +358,94 @@ impl ContainerView<'_> {
 impl Mount<'_> {
     pub fn path(&self) -> &str {
         self.mount_path.as_deref().unwrap_or("")
+    }
+}
+
+/// The cursor's views against the serde readers they replace.
+#[cfg(any(test, feature = "serde-oracle"))]
+pub mod oracle {
+    use super::*;
+
+    fn same<'a, T>(text: &'a str) -> Result<(), String>
+    where
+        T: FromJson<'a> + Deserialize<'a> + PartialEq + fmt::Debug,
+    {
+        let ours = from_str::<T>(text);
+        let theirs = serde_json::from_str::<T>(text);
+        match (&ours, &theirs) {
+            (Ok(a), Ok(b)) if a == b => Ok(()),
+            (Err(_), Err(_)) => Ok(()),
+            _ => Err(format!(
+                "{}: cursor {ours:?} vs serde {theirs:?}",
+                std::any::type_name::<T>()
+            )),
+        }
+    }
+
+    /// Reads `text` as every view with the cursor and with serde; an error describes the first
+    /// disagreement (in acceptance or in what was read).
+    pub fn check(text: &str) -> Result<(), String> {
+        same::<PodView<'_>>(text)?;
+        same::<RawPodView<'_>>(text)?;
+        same::<RawContainerView<'_>>(text)?;
+        same::<ContainerView<'_>>(text)?;
+        same::<Option<Str<'_>>>(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::json::tests::{SEEDS, mutated};
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn views_of_mutated_pods_equal_what_serde_read(doc in mutated()) {
+            if let Err(e) = oracle::check(&doc) {
+                prop_assert!(false, "{}", e);
+            }
+        }
+    }
+
+    #[test]
+    fn views_of_the_fixtures_equal_what_serde_read() {
+        for seed in SEEDS {
+            oracle::check(seed).unwrap();
+        }
+        let pod: PodView<'_> = from_str(SEEDS[1]).unwrap();
+        assert!(pod.spec.as_ref().is_some_and(|s| s.containers.is_some()));
+    }
+
+    #[test]
+    fn a_repeated_key_keeps_its_last_value_and_first_place() {
+        let text = r#"{"metadata":{"labels":{"a":"1","b":"2","a":"3"}},
+            "spec":{"containers":[{"name":"x","name":"y"}]},"spec":{"volumes":[]}}"#;
+        oracle::check(text).unwrap();
+        let pod: PodView<'_> = from_str(text).unwrap();
+        let labels = pod.metadata.unwrap().labels.unwrap();
+        let pairs: Vec<(&str, &str)> = labels.0.iter().map(|(k, v)| (&**k, &**v)).collect();
+        assert_eq!(pairs, [("a", "3"), ("b", "2")]);
+        let spec = pod.spec.unwrap();
+        assert!(
+            spec.containers.is_none(),
+            "the second spec replaced the first"
+        );
+    }
+
+    #[test]
+    fn only_an_object_is_read_where_a_struct_is() {
+        for text in [
+            "[]",
+            r#"{"spec":[]}"#,
+            r#"{"spec":{"containers":{}}}"#,
+            r#""x""#,
+        ] {
+            oracle::check(text).unwrap();
+            assert!(from_str::<PodView<'_>>(text).is_err(), "{text}");
+        }
     }
 }

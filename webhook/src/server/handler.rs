@@ -243,7 +243,7 @@ impl Handler {
         let namespace = namespace_context(&self.inner.namespaces, &review.namespace);
         let request = PodRequest {
             operation,
-            object: object.get(),
+            object,
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
         };

@@ -1,0 +1,731 @@
+//! A zero-copy JSON cursor for the request path.
+//!
+//! The webhook reads a few fields of an 8 KB object and must prove the rest is JSON; serde_json
+//! does both, but through visitors and a second pass (the envelope validates the object, then the
+//! engine reads it again). This cursor walks the text once, field by field, and accepts exactly
+//! what serde_json accepts for the same use:
+//!
+//! - skipping a value ([`Cursor::skip_value`], [`Cursor::raw_value`]) follows
+//!   `serde::de::IgnoredAny`: escapes are checked for shape only (a lone `\ud800` passes), numbers
+//!   for grammar only (`1e400` passes) and nesting has no limit (serde skips without recursion,
+//!   and so does this);
+//! - reading a string ([`Cursor::string`], [`Cursor::key`]) follows serde's `&str`/`String`
+//!   decoding: surrogates must come in pairs.
+//!
+//! Errors carry a byte offset and what was expected, never input text: the body may hold secrets.
+
+use std::borrow::Cow;
+use std::fmt;
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// What went wrong, by class: the admission envelope tells truncated bodies from malformed ones
+/// from well-formed JSON of the wrong shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The input ended inside a value.
+    Eof,
+    /// The input is not JSON.
+    Syntax,
+    /// The input is JSON, but not of the shape the reader wanted (a wrong type, a repeated field).
+    Shape,
+}
+
+/// A parse error: where, and what the cursor expected there. Boxed: the hot paths return
+/// `Result`s, which stay one register wide this way.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error(Box<Inner>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Inner {
+    kind: ErrorKind,
+    offset: usize,
+    expected: &'static str,
+}
+
+impl Error {
+    #[cold]
+    #[inline(never)]
+    fn new(kind: ErrorKind, offset: usize, expected: &'static str) -> Self {
+        Error(Box::new(Inner {
+            kind,
+            offset,
+            expected,
+        }))
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.0.kind
+    }
+
+    /// Byte offset into the input where the problem was found.
+    pub fn offset(&self) -> usize {
+        self.0.offset
+    }
+
+    /// What the cursor expected (or, for [`ErrorKind::Shape`], what it found wrong).
+    pub fn expected(&self) -> &'static str {
+        self.0.expected
+    }
+
+    pub fn is_eof(&self) -> bool {
+        self.0.kind == ErrorKind::Eof
+    }
+
+    pub fn is_syntax(&self) -> bool {
+        self.0.kind == ErrorKind::Syntax
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Inner {
+            kind,
+            offset,
+            expected,
+        } = &*self.0;
+        match kind {
+            ErrorKind::Eof => write!(
+                f,
+                "unexpected end of input at byte {offset}: expected {expected}"
+            ),
+            ErrorKind::Syntax => write!(f, "expected {expected} at byte {offset}"),
+            ErrorKind::Shape => write!(f, "{expected} at byte {offset}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Validates `text` as one JSON value, as `serde_json::from_str::<IgnoredAny>` would.
+pub fn validate(text: &str) -> Result<(), Error> {
+    let mut c = Cursor::new(text);
+    c.skip_value()?;
+    c.finish()
+}
+
+/// The input as text: JSON is UTF-8, and checking it once up front is cheaper than per string.
+pub fn utf8(bytes: &[u8]) -> Result<&str, Error> {
+    std::str::from_utf8(bytes)
+        .map_err(|e| Error::new(ErrorKind::Syntax, e.valid_up_to(), "UTF-8 text"))
+}
+
+/// Container kinds of the values being skipped, one bit per level, in a word while shallow and on
+/// the heap only past 64 levels (serde's skip has no depth limit either).
+struct Frames {
+    depth: usize,
+    low: u64,
+    high: Vec<u64>,
+}
+
+impl Frames {
+    fn new() -> Self {
+        Frames {
+            depth: 0,
+            low: 0,
+            high: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, object: bool) {
+        let (word, bit) = (self.depth / 64, self.depth % 64);
+        let mask = 1u64 << bit;
+        let slot = if word == 0 {
+            &mut self.low
+        } else {
+            if self.high.len() < word {
+                self.high.push(0);
+            }
+            match self.high.get_mut(word - 1) {
+                Some(w) => w,
+                None => &mut self.low,
+            }
+        };
+        if object {
+            *slot |= mask;
+        } else {
+            *slot &= !mask;
+        }
+        self.depth += 1;
+    }
+
+    /// The innermost open container: `Some(true)` for an object.
+    fn top(&self) -> Option<bool> {
+        let d = self.depth.checked_sub(1)?;
+        let (word, bit) = (d / 64, d % 64);
+        let w = if word == 0 {
+            self.low
+        } else {
+            self.high.get(word - 1).copied().unwrap_or(0)
+        };
+        Some(w >> bit & 1 == 1)
+    }
+
+    fn pop(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+    }
+}
+
+const ONES: u64 = u64::MAX / 255;
+const HIGHS: u64 = ONES << 7;
+
+/// Index of the first byte in `bytes` that ends a run of plain string content: `"`, `\` or a
+/// control character. Eight bytes per step; the lowest flagged byte is always a true match (the
+/// borrow of the subtraction only spreads upwards).
+#[inline(always)]
+fn string_stop(bytes: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let Ok(word) = <[u8; 8]>::try_from(chunk) else {
+            break;
+        };
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let slash = x ^ (ONES * u64::from(b'\\'));
+        let hit = (x.wrapping_sub(ONES * 0x20)
+            | quote.wrapping_sub(ONES)
+            | slash.wrapping_sub(ONES))
+            // One `!x` serves all three tests: XOR with `"` or `\` keeps the high bit, so bytes
+            // >= 0x80 are cleared for each.
+            & !x
+            & HIGHS;
+        if hit != 0 {
+            return Some(i + (hit.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    string_stop_tail(bytes, i)
+}
+
+#[cold]
+fn string_stop_tail(bytes: &[u8], from: usize) -> Option<usize> {
+    bytes
+        .get(from..)?
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .map(|p| from + p)
+}
+
+fn hex(b: u8) -> Option<u16> {
+    match b {
+        b'0'..=b'9' => Some(u16::from(b - b'0')),
+        b'a'..=b'f' => Some(u16::from(b - b'a' + 10)),
+        b'A'..=b'F' => Some(u16::from(b - b'A' + 10)),
+        _ => None,
+    }
+}
+
+/// A position in a JSON text. Methods that read a value skip the whitespace before it.
+#[derive(Clone, Debug)]
+pub struct Cursor<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub fn new(text: &'a str) -> Self {
+        Cursor { text, pos: 0 }
+    }
+
+    /// The byte offset of the next unread byte.
+    pub fn offset(&self) -> usize {
+        self.pos
+    }
+
+    fn bytes(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
+    #[cold]
+    fn err(&self, kind: ErrorKind, expected: &'static str) -> Error {
+        Error::new(kind, self.pos, expected)
+    }
+
+    #[cold]
+    fn syntax(&self, expected: &'static str) -> Error {
+        self.err(ErrorKind::Syntax, expected)
+    }
+
+    #[cold]
+    fn eof(&self, expected: &'static str) -> Error {
+        self.err(ErrorKind::Eof, expected)
+    }
+
+    /// A wrong type where a reader wanted `expected`. A byte that cannot start a value is a
+    /// syntax error, as in serde.
+    #[cold]
+    fn wrong_type(&self, expected: &'static str) -> Error {
+        match self.bytes().get(self.pos) {
+            Some(b'n' | b't' | b'f' | b'-' | b'0'..=b'9' | b'"' | b'[' | b'{') => {
+                self.err(ErrorKind::Shape, expected)
+            }
+            Some(_) => self.syntax("a value"),
+            None => self.eof("a value"),
+        }
+    }
+
+    /// A shape error at the cursor, for readers built on the cursor (a repeated field).
+    pub fn shape_error(&self, what: &'static str) -> Error {
+        self.err(ErrorKind::Shape, what)
+    }
+
+    /// The next non-whitespace byte, not consumed.
+    #[inline(always)]
+    pub fn peek(&mut self) -> Option<u8> {
+        let bytes = self.bytes();
+        match bytes.get(self.pos) {
+            Some(&b) if b > b' ' => return Some(b),
+            _ => {}
+        }
+        self.peek_slow()
+    }
+
+    fn peek_slow(&mut self) -> Option<u8> {
+        let bytes = self.bytes();
+        while let Some(&b) = bytes.get(self.pos) {
+            match b {
+                b' ' | b'\n' | b'\r' | b'\t' => self.pos += 1,
+                _ => return Some(b),
+            }
+        }
+        None
+    }
+
+    /// Succeeds only when nothing but whitespace is left.
+    pub fn finish(&mut self) -> Result<(), Error> {
+        match self.peek() {
+            None => Ok(()),
+            Some(_) => Err(self.syntax("the end of the input")),
+        }
+    }
+
+    fn literal(&mut self, word: &'static [u8], expected: &'static str) -> Result<(), Error> {
+        // The first byte was matched by the caller.
+        for &w in word.iter().skip(1) {
+            self.pos += 1;
+            match self.bytes().get(self.pos) {
+                Some(&b) if b == w => {}
+                Some(_) => return Err(self.syntax(expected)),
+                None => return Err(self.eof(expected)),
+            }
+        }
+        self.pos += 1;
+        Ok(())
+    }
+
+    /// Consumes a `null` if one is next; `Ok(false)` leaves any other value unread.
+    pub fn null(&mut self) -> Result<bool, Error> {
+        match self.peek() {
+            Some(b'n') => self.literal(b"null", "null").map(|()| true),
+            Some(_) => Ok(false),
+            None => Err(self.eof("a value")),
+        }
+    }
+
+    /// Reads `true` or `false`.
+    pub fn boolean(&mut self) -> Result<bool, Error> {
+        match self.peek() {
+            Some(b't') => self.literal(b"true", "true").map(|()| true),
+            Some(b'f') => self.literal(b"false", "false").map(|()| false),
+            _ => Err(self.wrong_type("a boolean")),
+        }
+    }
+
+    fn digits(&mut self) {
+        let bytes = self.bytes();
+        while bytes.get(self.pos).is_some_and(u8::is_ascii_digit) {
+            self.pos += 1;
+        }
+    }
+
+    /// A number, checked for grammar only. Running out of input inside a number is a syntax error
+    /// in serde, not an end-of-input one; so here.
+    fn number(&mut self) -> Result<(), Error> {
+        let bytes = self.bytes();
+        if bytes.get(self.pos) == Some(&b'-') {
+            self.pos += 1;
+        }
+        match bytes.get(self.pos) {
+            Some(b'0') => {
+                self.pos += 1;
+                if bytes.get(self.pos).is_some_and(u8::is_ascii_digit) {
+                    return Err(self.syntax("no leading zero in a number"));
+                }
+            }
+            Some(b'1'..=b'9') => {
+                self.pos += 1;
+                self.digits();
+            }
+            _ => return Err(self.syntax("a digit")),
+        }
+        if bytes.get(self.pos) == Some(&b'.') {
+            self.pos += 1;
+            if !bytes.get(self.pos).is_some_and(u8::is_ascii_digit) {
+                return Err(self.syntax("a digit after the decimal point"));
+            }
+            self.digits();
+        }
+        if let Some(b'e' | b'E') = bytes.get(self.pos) {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = bytes.get(self.pos) {
+                self.pos += 1;
+            }
+            if !bytes.get(self.pos).is_some_and(u8::is_ascii_digit) {
+                return Err(self.syntax("a digit in the exponent"));
+            }
+            self.digits();
+        }
+        Ok(())
+    }
+
+    /// Four hex digits after `\u`.
+    fn hex4(&mut self) -> Result<u16, Error> {
+        let bytes = self.bytes();
+        let Some(quad) = bytes.get(self.pos..self.pos + 4) else {
+            self.pos = bytes.len();
+            return Err(self.eof("four hex digits"));
+        };
+        let mut n = 0u16;
+        for &b in quad {
+            match hex(b) {
+                Some(v) => n = n << 4 | v,
+                None => return Err(self.syntax("four hex digits")),
+            }
+        }
+        self.pos += 4;
+        Ok(n)
+    }
+
+    /// Moves to the next `"`, `\` or control character of a string body.
+    #[inline(always)]
+    fn seek_stop(&mut self) -> Result<u8, Error> {
+        let bytes = self.bytes();
+        let rest = bytes.get(self.pos..).unwrap_or_default();
+        if let Some(i) = string_stop(rest)
+            && let Some(&b) = rest.get(i)
+        {
+            self.pos += i;
+            return Ok(b);
+        }
+        self.pos = bytes.len();
+        Err(self.eof("the end of a string"))
+    }
+
+    /// Skips a string body after its opening quote; escapes are checked for shape only.
+    #[inline(always)]
+    fn skip_string_body(&mut self) -> Result<(), Error> {
+        // Most strings hold no escape: one scan to the closing quote, inlined where it is used.
+        if self.seek_stop()? == b'"' {
+            self.pos += 1;
+            return Ok(());
+        }
+        self.skip_string_rest()
+    }
+
+    /// The rest of a string body from a backslash or a control character.
+    #[inline(never)]
+    fn skip_string_rest(&mut self) -> Result<(), Error> {
+        loop {
+            match self.bytes().get(self.pos).copied().unwrap_or(0) {
+                b'"' => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                b'\\' => {
+                    self.pos += 1;
+                    match self.bytes().get(self.pos) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                            self.pos += 1;
+                        }
+                        Some(b'u') => {
+                            self.pos += 1;
+                            self.hex4()?;
+                        }
+                        Some(_) => return Err(self.syntax("an escape")),
+                        None => return Err(self.eof("an escape")),
+                    }
+                }
+                _ => return Err(self.syntax("no control character in a string")),
+            }
+            self.seek_stop()?;
+        }
+    }
+
+    /// Decodes a string body after its opening quote: borrowed when it holds no escape.
+    #[inline(always)]
+    fn string_body(&mut self) -> Result<Cow<'a, str>, Error> {
+        let text = self.text;
+        let start = self.pos;
+        match self.seek_stop()? {
+            b'"' => {
+                let s = text.get(start..self.pos).unwrap_or_default();
+                self.pos += 1;
+                return Ok(Cow::Borrowed(s));
+            }
+            b'\\' => {}
+            _ => return Err(self.syntax("no control character in a string")),
+        }
+        self.decode_escaped(start).map(Cow::Owned)
+    }
+
+    #[cold]
+    fn decode_escaped(&mut self, start: usize) -> Result<String, Error> {
+        let text = self.text;
+        let mut out = String::with_capacity(self.pos - start + 16);
+        out.push_str(text.get(start..self.pos).unwrap_or_default());
+        loop {
+            // At a backslash.
+            self.pos += 1;
+            let Some(&e) = self.bytes().get(self.pos) else {
+                return Err(self.eof("an escape"));
+            };
+            self.pos += 1;
+            match e {
+                b'"' => out.push('"'),
+                b'\\' => out.push('\\'),
+                b'/' => out.push('/'),
+                b'b' => out.push('\u{8}'),
+                b'f' => out.push('\u{c}'),
+                b'n' => out.push('\n'),
+                b'r' => out.push('\r'),
+                b't' => out.push('\t'),
+                b'u' => out.push(self.unicode_escape()?),
+                _ => {
+                    self.pos -= 1;
+                    return Err(self.syntax("an escape"));
+                }
+            }
+            let run = self.pos;
+            let stop = self.seek_stop()?;
+            out.push_str(text.get(run..self.pos).unwrap_or_default());
+            match stop {
+                b'"' => {
+                    self.pos += 1;
+                    return Ok(out);
+                }
+                b'\\' => {}
+                _ => return Err(self.syntax("no control character in a string")),
+            }
+        }
+    }
+
+    /// The character of a `\u` escape (just read), pairing surrogates as serde does for text.
+    fn unicode_escape(&mut self) -> Result<char, Error> {
+        let n = self.hex4()?;
+        let code = match n {
+            0xDC00..=0xDFFF => return Err(self.syntax("a leading surrogate before a trailing one")),
+            0xD800..=0xDBFF => {
+                let bytes = self.bytes();
+                for want in [b'\\', b'u'] {
+                    match bytes.get(self.pos) {
+                        Some(&b) if b == want => self.pos += 1,
+                        Some(_) => {
+                            self.pos += 1;
+                            return Err(self.syntax("a trailing surrogate escape"));
+                        }
+                        None => return Err(self.eof("a trailing surrogate escape")),
+                    }
+                }
+                let low = self.hex4()?;
+                if !(0xDC00..=0xDFFF).contains(&low) {
+                    return Err(self.syntax("a trailing surrogate escape"));
+                }
+                0x1_0000 + ((u32::from(n) - 0xD800) << 10 | (u32::from(low) - 0xDC00))
+            }
+            _ => u32::from(n),
+        };
+        char::from_u32(code).ok_or_else(|| self.syntax("a Unicode scalar value"))
+    }
+
+    /// Reads a string value.
+    pub fn string(&mut self) -> Result<Cow<'a, str>, Error> {
+        match self.peek() {
+            Some(b'"') => {
+                self.pos += 1;
+                self.string_body()
+            }
+            _ => Err(self.wrong_type("a string")),
+        }
+    }
+
+    /// Opens an object; read its members with [`Cursor::key`].
+    pub fn object(&mut self) -> Result<Members, Error> {
+        match self.peek() {
+            Some(b'{') => {
+                self.pos += 1;
+                Ok(Members { first: true })
+            }
+            _ => Err(self.wrong_type("an object")),
+        }
+    }
+
+    /// The next key of an open object, with its colon consumed (the value is next), or `None`
+    /// after the closing brace.
+    pub fn key(&mut self, members: &mut Members) -> Result<Option<Cow<'a, str>>, Error> {
+        match self.peek() {
+            Some(b'}') => {
+                self.pos += 1;
+                return Ok(None);
+            }
+            Some(b',') if !members.first => {
+                self.pos += 1;
+                match self.peek() {
+                    Some(b'"') => {}
+                    Some(b'}') => return Err(self.syntax("a key after a comma")),
+                    Some(_) => return Err(self.syntax("a string key")),
+                    None => return Err(self.eof("a key")),
+                }
+            }
+            Some(b'"') if members.first => {}
+            Some(_) if members.first => return Err(self.syntax("a string key")),
+            Some(_) => return Err(self.syntax("`,` or `}`")),
+            None => return Err(self.eof("`,` or `}`")),
+        }
+        members.first = false;
+        self.pos += 1;
+        let key = self.string_body()?;
+        match self.peek() {
+            Some(b':') => self.pos += 1,
+            Some(_) => return Err(self.syntax("`:`")),
+            None => return Err(self.eof("`:`")),
+        }
+        Ok(Some(key))
+    }
+
+    /// Opens an array; read its items with [`Cursor::item`].
+    pub fn array(&mut self) -> Result<Members, Error> {
+        match self.peek() {
+            Some(b'[') => {
+                self.pos += 1;
+                Ok(Members { first: true })
+            }
+            _ => Err(self.wrong_type("an array")),
+        }
+    }
+
+    /// True when another item follows (the cursor is then at it); false after the closing bracket.
+    pub fn item(&mut self, items: &mut Members) -> Result<bool, Error> {
+        match self.peek() {
+            Some(b']') => {
+                self.pos += 1;
+                Ok(false)
+            }
+            Some(b',') if !items.first => {
+                self.pos += 1;
+                match self.peek() {
+                    Some(b']') => Err(self.syntax("an item after a comma")),
+                    _ => Ok(true),
+                }
+            }
+            Some(_) if items.first => {
+                items.first = false;
+                Ok(true)
+            }
+            Some(_) => Err(self.syntax("`,` or `]`")),
+            None => Err(self.eof("`,` or `]`")),
+        }
+    }
+
+    /// The text of the next value, validated as [`Cursor::skip_value`] does.
+    pub fn raw_value(&mut self) -> Result<&'a str, Error> {
+        self.peek();
+        let start = self.pos;
+        self.skip_value()?;
+        Ok(self.text.get(start..self.pos).unwrap_or_default())
+    }
+
+    /// Skips the next value, checking it is JSON. Iterative: nesting depth costs a bit per level,
+    /// not a stack frame.
+    pub fn skip_value(&mut self) -> Result<(), Error> {
+        let mut frames = Frames::new();
+        loop {
+            // A value starts here.
+            match self.peek() {
+                Some(b'"') => {
+                    self.pos += 1;
+                    self.skip_string_body()?;
+                }
+                Some(b'-' | b'0'..=b'9') => self.number()?,
+                Some(b'n') => self.literal(b"null", "null")?,
+                Some(b't') => self.literal(b"true", "true")?,
+                Some(b'f') => self.literal(b"false", "false")?,
+                Some(b'[') => {
+                    self.pos += 1;
+                    if self.peek() == Some(b']') {
+                        self.pos += 1;
+                    } else {
+                        frames.push(false);
+                        continue;
+                    }
+                }
+                Some(b'{') => {
+                    self.pos += 1;
+                    match self.peek() {
+                        Some(b'}') => self.pos += 1,
+                        Some(b'"') => {
+                            frames.push(true);
+                            self.skip_key()?;
+                            continue;
+                        }
+                        Some(_) => return Err(self.syntax("a string key")),
+                        None => return Err(self.eof("a key")),
+                    }
+                }
+                Some(_) => return Err(self.syntax("a value")),
+                None => return Err(self.eof("a value")),
+            }
+            // A value ended: close containers until one continues with a comma.
+            loop {
+                let Some(object) = frames.top() else {
+                    return Ok(());
+                };
+                match self.peek() {
+                    Some(b',') => {
+                        self.pos += 1;
+                        if object {
+                            match self.peek() {
+                                Some(b'"') => self.skip_key()?,
+                                Some(_) => return Err(self.syntax("a string key")),
+                                None => return Err(self.eof("a key")),
+                            }
+                        }
+                        break;
+                    }
+                    Some(b']') if !object => {
+                        self.pos += 1;
+                        frames.pop();
+                    }
+                    Some(b'}') if object => {
+                        self.pos += 1;
+                        frames.pop();
+                    }
+                    Some(_) if object => return Err(self.syntax("`,` or `}`")),
+                    Some(_) => return Err(self.syntax("`,` or `]`")),
+                    None if object => return Err(self.eof("`,` or `}`")),
+                    None => return Err(self.eof("`,` or `]`")),
+                }
+            }
+        }
+    }
+
+    /// Skips a key (at its opening quote) and its colon.
+    fn skip_key(&mut self) -> Result<(), Error> {
+        self.pos += 1;
+        self.skip_string_body()?;
+        match self.peek() {
+            Some(b':') => {
+                self.pos += 1;
+                Ok(())
+            }
+            Some(_) => Err(self.syntax("`:`")),
+            None => Err(self.eof("`:`")),
+        }
+    }
+}
+
+/// The state of an open object or array.
+#[derive(Debug)]
+pub struct Members {
+    first: bool,
+}

@@ -1,0 +1,361 @@
+//! The cursor against serde_json, the oracle: same acceptance for arbitrary text and for mutated
+//! real documents, same decoded strings.
+
+use proptest::prelude::*;
+use serde::de::IgnoredAny;
+
+use super::*;
+
+pub(crate) const SEEDS: [&str; 5] = [
+    include_str!("../../testdata/pod-3k.json"),
+    include_str!("../../testdata/pod-8k.json"),
+    include_str!("../../testdata/pod-45k.json"),
+    include_str!("../../testdata/pod-2000-env.json"),
+    r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1",
+    "kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1",
+    "resource":"pods"},"operation":"CREATE","namespace":"a","userInfo":{"username":"x"},
+    "object":{"kind":"Pod","metadata":{"name":"p","labels":{"app":"x"},"annotations":{"a":"b"}},
+    "spec":{"containers":[{"name":"app","env":[{"name":"A","value":"1"}],
+    "volumeMounts":[{"mountPath":"/x"}]}],"volumes":[{"name":"v"}]}},"dryRun":false}}"#,
+];
+
+/// Fragments that probe the grammar's edges where they are most often got wrong.
+const FRAGMENTS: &[&str] = &[
+    r#""\ud800""#,
+    r#""\ud83d\ude00""#,
+    r#""\udc00""#,
+    r#""\ud800\u0041""#,
+    r#""\ud800\n""#,
+    r#""\ud800x""#,
+    r#""\u00e9\u12""#,
+    r#""\x""#,
+    "\"a\u{1}b\"",
+    "\"é\u{1F600}\"",
+    "-0",
+    "1e400",
+    "01",
+    "1.",
+    "1.5e+3",
+    "-",
+    "2E-",
+    "tru",
+    "nul",
+    "null",
+    "[1,]",
+    "{\"a\":1,}",
+    "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
+    r#""name":"x","#,
+    r#""name":"dup","name":"last","#,
+    r#""metadata":{"labels":{"a":"1","a":"2"}},"#,
+    r#""kind":"Pod","#,
+    r#""na\u006de":"esc","#,
+    r#""containers":[{"name":"c\"q"}],"#,
+    r#""annotations":{"x":[1,{"y":null}]},"#,
+    ",",
+    ":",
+    " \t\r\n",
+    "\u{0}",
+];
+
+/// serde's acceptance of `text` as any value.
+fn serde_accepts(text: &str) -> bool {
+    serde_json::from_str::<IgnoredAny>(text).is_ok()
+}
+
+fn assert_same_acceptance(text: &str) {
+    let ours = validate(text);
+    let theirs = serde_json::from_str::<IgnoredAny>(text);
+    assert_eq!(
+        ours.is_ok(),
+        theirs.is_ok(),
+        "cursor {ours:?} vs serde {theirs:?} on {:?}",
+        text.chars().take(300).collect::<String>()
+    );
+}
+
+/// A real document with one to three edits: a byte replaced, a fragment inserted (anywhere, or
+/// just inside an object where the views read keys), the end cut off, or the whole nested.
+pub(crate) fn mutated() -> impl Strategy<Value = String> {
+    let edit = prop_oneof![
+        (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(i, b)| Edit::Byte(i, b)),
+        (any::<prop::sample::Index>(), 0..FRAGMENTS.len()).prop_map(|(i, f)| Edit::Insert(i, f)),
+        (any::<prop::sample::Index>(), 0..FRAGMENTS.len()).prop_map(|(i, f)| Edit::InObject(i, f)),
+        any::<prop::sample::Index>().prop_map(Edit::Cut),
+        (0usize..300).prop_map(Edit::Nest),
+    ];
+    (0..SEEDS.len(), prop::collection::vec(edit, 1..4)).prop_map(|(seed, edits)| {
+        let mut doc = SEEDS[seed].as_bytes().to_vec();
+        for e in edits {
+            e.apply(&mut doc);
+        }
+        // Edits work on bytes; keep the text whole (lossy replacement keeps the shape).
+        String::from_utf8_lossy(&doc).into_owned()
+    })
+}
+
+/// An AdmissionReview with one to three edits, mostly inside its objects.
+pub(crate) fn mutated_review() -> impl Strategy<Value = String> {
+    let edit = prop_oneof![
+        1 => (any::<prop::sample::Index>(), any::<u8>()).prop_map(|(i, b)| Edit::Byte(i, b)),
+        1 => (any::<prop::sample::Index>(), 0..FRAGMENTS.len()).prop_map(|(i, f)| Edit::Insert(i, f)),
+        3 => (any::<prop::sample::Index>(), 0..REVIEW_FRAGMENTS.len())
+            .prop_map(|(i, f)| Edit::InObjectReview(i, f)),
+        1 => any::<prop::sample::Index>().prop_map(Edit::Cut),
+    ];
+    prop::collection::vec(edit, 1..4).prop_map(|edits| {
+        let mut doc = SEEDS[4].as_bytes().to_vec();
+        for e in edits {
+            e.apply(&mut doc);
+        }
+        String::from_utf8_lossy(&doc).into_owned()
+    })
+}
+
+/// Members the envelope reader cares about: repeated, null, wrongly typed, escaped.
+const REVIEW_FRAGMENTS: &[&str] = &[
+    r#""uid":"dup","#,
+    r#""uid":null,"#,
+    r#""uid":7,"#,
+    r#""u\u0069d":"esc","#,
+    r#""kind":{"kind":"Deployment"},"#,
+    r#""kind":null,"#,
+    r#""apiVersion":"v1","#,
+    r#""dryRun":"yes","#,
+    r#""dryRun":null,"#,
+    r#""object":null,"#,
+    r#""object":[1,"#,
+    r#""operation":"DELETE","#,
+    r#""subResource":"status","#,
+    r#""namespace":"","#,
+    r#""request":{},"#,
+    r#""resource":{"resource":"pods","group":"apps"},"#,
+    r#""x":{"y":[true,false,null,-1.5e3]},"#,
+];
+
+#[derive(Clone, Debug)]
+enum Edit {
+    Byte(prop::sample::Index, u8),
+    Insert(prop::sample::Index, usize),
+    InObject(prop::sample::Index, usize),
+    InObjectReview(prop::sample::Index, usize),
+    Cut(prop::sample::Index),
+    Nest(usize),
+}
+
+impl Edit {
+    fn apply(self, doc: &mut Vec<u8>) {
+        if doc.is_empty() {
+            return;
+        }
+        match self {
+            Edit::Byte(i, b) => {
+                let i = i.index(doc.len());
+                // Mostly structural bytes: random ones almost always just break the document.
+                const PICK: &[u8] = b"\"\\{}[],:0-e \x01u9.n";
+                doc[i] = if b < 200 {
+                    PICK[usize::from(b) % PICK.len()]
+                } else {
+                    b
+                };
+            }
+            Edit::Insert(i, f) => {
+                let i = i.index(doc.len() + 1);
+                doc.splice(i..i, FRAGMENTS[f].bytes());
+            }
+            Edit::InObject(i, f) => {
+                let braces: Vec<usize> = (0..doc.len()).filter(|&k| doc[k] == b'{').collect();
+                if let Some(&at) = braces.get(i.index(braces.len().max(1))) {
+                    doc.splice(at + 1..at + 1, FRAGMENTS[f].bytes());
+                }
+            }
+            Edit::InObjectReview(i, f) => {
+                let braces: Vec<usize> = (0..doc.len()).filter(|&k| doc[k] == b'{').collect();
+                if let Some(&at) = braces.get(i.index(braces.len().max(1))) {
+                    doc.splice(at + 1..at + 1, REVIEW_FRAGMENTS[f].bytes());
+                }
+            }
+            Edit::Cut(i) => doc.truncate(i.index(doc.len())),
+            Edit::Nest(n) => {
+                let mut out = vec![b'['; n];
+                out.append(doc);
+                out.extend(std::iter::repeat_n(b']', n));
+                *doc = out;
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn arbitrary_text_is_accepted_exactly_when_serde_accepts_it(
+        text in "[\\[\\]{}\",:\\\\ 0-9.eE+\\-truefalsn\u{1}\u{e9}]{0,40}"
+    ) {
+        assert_same_acceptance(&text);
+    }
+
+    #[test]
+    fn arbitrary_bytes_are_accepted_exactly_when_serde_accepts_them(
+        bytes in prop::collection::vec(any::<u8>(), 0..64)
+    ) {
+        let ours = utf8(&bytes).and_then(validate);
+        // serde skips string bodies without checking UTF-8; the request path wants text, so the
+        // cursor's byte entry point refuses what is not UTF-8 anywhere.
+        let theirs = std::str::from_utf8(&bytes).is_ok()
+            && serde_json::from_slice::<IgnoredAny>(&bytes).is_ok();
+        prop_assert_eq!(ours.is_ok(), theirs, "{:?}", ours);
+    }
+
+    #[test]
+    fn mutated_real_documents_are_accepted_exactly_when_serde_accepts_them(doc in mutated()) {
+        assert_same_acceptance(&doc);
+    }
+
+    #[test]
+    fn strings_decode_as_serde_decodes_them(
+        body in prop::collection::vec(prop_oneof![
+            "[a-zé\u{1F600} \"/]",
+            Just("\\\\".to_owned()), Just("\\\"".to_owned()), Just("\\/".to_owned()),
+            Just("\\b\\f\\n\\r\\t".to_owned()), Just("\\u00e9".to_owned()),
+            Just("\\uD83D\\uDE00".to_owned()), Just("\\ud800".to_owned()),
+            Just("\\udc00".to_owned()), Just("\\u0000".to_owned()), Just("\\q".to_owned()),
+            Just("\u{1f}".to_owned()), Just("\\u12".to_owned()),
+        ], 0..8)
+    ) {
+        let text = format!("\"{}\"", body.concat());
+        let mut c = Cursor::new(&text);
+        let ours = c.string().map(|s| s.into_owned()).and_then(|s| c.finish().map(|()| s));
+        let theirs = serde_json::from_str::<String>(&text);
+        match (&ours, &theirs) {
+            (Ok(a), Ok(b)) => prop_assert_eq!(a, b),
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "cursor {:?} vs serde {:?} on {}", ours, theirs, text),
+        }
+    }
+}
+
+#[test]
+fn grammar_edges_match_serde() {
+    let cases = [
+        "",
+        " ",
+        "null",
+        "nul",
+        "nulll",
+        "true",
+        "false",
+        "-0",
+        "-",
+        "01",
+        "0",
+        "1.",
+        "1.0",
+        "1e400",
+        "1E+2",
+        "1e",
+        "1e+",
+        "-01",
+        "[]",
+        "[ ]",
+        "[1,]",
+        "[,1]",
+        "[1 2]",
+        "{}",
+        "{\"a\":1,}",
+        "{\"a\" 1}",
+        "{1:2}",
+        "{\"a\":}",
+        "\"\\ud800\"",
+        "\"\\udc00\"",
+        "\"\\ud800\\udc00\"",
+        "\"\\u00\"",
+        "\"\\u00zz\"",
+        "\"a\u{1}\"",
+        "\"\\/\"",
+        "[1] x",
+        "[1]  \n",
+        "\u{feff}1",
+        "[\"\\",
+        "{\"a\"",
+        "{\"a\":[",
+        "[\"a\",",
+        "1 2",
+    ];
+    for case in cases {
+        assert_same_acceptance(case);
+    }
+}
+
+#[test]
+fn nesting_is_not_limited_when_skipping_as_in_serde() {
+    for depth in [127, 128, 129, 10_000] {
+        let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        assert_same_acceptance(&text);
+        let text = format!("{}1{}", "{\"a\":[".repeat(depth), "]}".repeat(depth));
+        assert_same_acceptance(&text);
+        let unbalanced = format!("{}{}", "[".repeat(depth), "}".repeat(depth));
+        assert_same_acceptance(&unbalanced);
+    }
+}
+
+#[test]
+fn the_string_scanner_stops_at_the_first_quote_backslash_or_control_byte() {
+    for len in 0..40 {
+        for stop in [b'"', b'\\', 0x00, 0x1f] {
+            for at in 0..len {
+                let mut bytes = vec![b'a'; len];
+                // Bytes that look like stops under a careless mask: high-bit and near values.
+                for (k, b) in bytes.iter_mut().enumerate() {
+                    *b = [b'a', 0xe9, 0x21, 0x5d, 0x23, 0x80, 0x20][k % 7];
+                }
+                bytes[at] = stop;
+                assert_eq!(string_stop(&bytes), Some(at), "{bytes:?}");
+            }
+        }
+        let clean = vec![0xc3u8; len];
+        assert_eq!(string_stop(&clean), None);
+    }
+}
+
+#[test]
+fn keys_and_strings_borrow_unless_escaped() {
+    let mut c = Cursor::new(r#" {"a":"x","b\u0031":"y\n"} "#);
+    let mut m = c.object().unwrap();
+    let k = c.key(&mut m).unwrap().unwrap();
+    assert!(matches!(k, Cow::Borrowed("a")));
+    assert!(matches!(c.string().unwrap(), Cow::Borrowed("x")));
+    let k = c.key(&mut m).unwrap().unwrap();
+    assert!(matches!(&k, Cow::Owned(s) if s == "b1"));
+    assert_eq!(c.string().unwrap(), "y\n");
+    assert_eq!(c.key(&mut m).unwrap(), None);
+    c.finish().unwrap();
+}
+
+#[test]
+fn raw_values_are_the_verbatim_span() {
+    let mut c = Cursor::new(r#"[ {"a": [1, "\u00e9"]} , null]"#);
+    let mut items = c.array().unwrap();
+    assert!(c.item(&mut items).unwrap());
+    assert_eq!(c.raw_value().unwrap(), r#"{"a": [1, "\u00e9"]}"#);
+    assert!(c.item(&mut items).unwrap());
+    assert_eq!(c.raw_value().unwrap(), "null");
+    assert!(!c.item(&mut items).unwrap());
+}
+
+#[test]
+fn errors_name_the_offset_and_the_class_without_echoing_input() {
+    let secret = "s3cr3t-token-value";
+    let e = validate(&format!("{{\"k\":\"{secret}")).unwrap_err();
+    assert!(e.is_eof(), "{e}");
+    assert!(!e.to_string().contains(secret), "{e}");
+    let e = validate(&format!("{{\"k\":{secret}}}")).unwrap_err();
+    assert!(e.is_syntax());
+    assert_eq!(e.offset(), 5);
+    assert!(!e.to_string().contains(secret), "{e}");
+    let e = Cursor::new("[1]").string().unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Shape);
+    let e = utf8(b"[\"\xff\"]").unwrap_err();
+    assert_eq!((e.kind(), e.offset()), (ErrorKind::Syntax, 2));
+    assert!(serde_accepts("[1]"));
+}
