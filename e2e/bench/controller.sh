@@ -11,7 +11,8 @@
 #     rotation phase is Stable again, and failed admissions among pods created during it.
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-controller), SPLICE_PORT_BASE
-# (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table).
+# (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table),
+# ROTATION (0: skip the CA-rotation row, for quicker runs while working on the rest).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -70,5 +71,5 @@ curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did no
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
-  --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"}
+  --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"} ${ROTATION:+--rotation "$ROTATION"}
 log "splice log: $splice_log"

@@ -28,6 +28,7 @@ use splice_crds::{Coverage, InjectionPolicy, STATUS_ANNOTATION, condition};
 use splice_webhook::engine::explain::{selects_namespace, selects_pod};
 use splice_webhook::engine::{CompiledPolicy, Exclusions, NamespaceContext};
 use splice_webhook::metrics::Metrics;
+use splice_webhook::store::PolicyStore;
 use tokio::sync::watch;
 
 /// The field manager of `status.coverage`: its own, so the reconciler's server-side apply of the
@@ -200,11 +201,21 @@ struct Namespaces {
     generation: u64,
 }
 
+/// Where coverage finds the policies.
+pub struct Policies {
+    /// The controller's cache, shared (a reflector of its own would hold every policy twice).
+    pub cache: Store<InjectionPolicy>,
+    /// True once `cache` holds the first full list.
+    pub listed: watch::Receiver<bool>,
+    /// The webhook's compiled policies, reused rather than compiled again.
+    pub served: Arc<PolicyStore>,
+}
+
 /// The leader's coverage loop; cancelled with the rest of the leader's work.
 pub async fn run(
     client: Client,
     splice_namespace: String,
-    policies: Store<InjectionPolicy>,
+    policies: Policies,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
@@ -216,10 +227,14 @@ pub async fn run(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
     ));
-    // The controller's cache, shared: a reflector of its own would hold every policy twice.
+    let Policies {
+        cache: policies,
+        mut listed,
+        served,
+    } = policies;
     let _guard = AbortOnDrop(vec![pod_task, ns_task]);
     tracing::debug!("coverage: waiting for the policy cache");
-    if policies.wait_until_ready().await.is_err() {
+    if listed.wait_for(|l| *l).await.is_err() {
         return;
     }
     tracing::debug!("coverage: counting");
@@ -265,6 +280,13 @@ pub async fn run(
         for policy in &all {
             let name = policy.name_any();
             let key = (policy.uid(), policy.metadata.generation);
+            // The webhook's own compilation of this generation, when it has it: a second one per
+            // policy (templates, selectors, render caches) would double that memory.
+            if let Some(c) = served.get(&name).filter(|c| Some(c.generation()) == key.1) {
+                compiled.remove(&name);
+                work.push((Arc::clone(policy), c));
+                continue;
+            }
             let c = match compiled.get(&name) {
                 Some((uid, generation, c)) if (uid, generation) == (&key.0, &key.1) => {
                     Arc::clone(c)
@@ -325,6 +347,7 @@ pub async fn run(
             "coverage pass"
         );
         compiled.retain(|name, _| gauges.contains_key(name));
+        compiled.shrink_to_fit();
         written.retain(|name, _| gauges.contains_key(name));
         metrics.set_coverage(gauges);
 

@@ -333,9 +333,12 @@ pub async fn run(
         settings.clone(),
         Arc::clone(&metrics),
         leading_rx,
-        ca_rx,
-        policies_changed,
-        secret_changed,
+        Caches {
+            served: Arc::clone(&policies),
+            ca_bundle: ca_rx,
+            policies_changed,
+            secret_changed,
+        },
     ));
 
     shutdown.await;
@@ -381,6 +384,16 @@ fn changes<T: Send + Sync + 'static>(
     })
 }
 
+/// What every replica keeps current and the leader's work reads.
+#[derive(Clone)]
+struct Caches {
+    /// The webhook's compiled policies.
+    served: Arc<PolicyStore>,
+    ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    policies_changed: watch::Receiver<u64>,
+    secret_changed: watch::Receiver<u64>,
+}
+
 /// Starts the leader's work whenever this replica becomes leader and stops it, before anything
 /// else can happen, when it stops being leader.
 async fn supervise_leadership(
@@ -388,9 +401,7 @@ async fn supervise_leadership(
     settings: Settings,
     metrics: Arc<Metrics>,
     mut leading: watch::Receiver<bool>,
-    ca_bundle: watch::Receiver<Option<Arc<String>>>,
-    policies_changed: watch::Receiver<u64>,
-    secret_changed: watch::Receiver<u64>,
+    caches: Caches,
 ) {
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
@@ -402,9 +413,7 @@ async fn supervise_leadership(
             settings.clone(),
             Arc::clone(&metrics),
             leading.clone(),
-            ca_bundle.clone(),
-            policies_changed.clone(),
-            secret_changed.clone(),
+            caches.clone(),
         ));
         let lost = leading.wait_for(|l| !*l).await.is_err();
         work.abort();
@@ -423,15 +432,22 @@ async fn lead(
     settings: Settings,
     metrics: Arc<Metrics>,
     leading: watch::Receiver<bool>,
-    ca_bundle: watch::Receiver<Option<Arc<String>>>,
-    policies_changed: watch::Receiver<u64>,
-    secret_changed: watch::Receiver<u64>,
+    caches: Caches,
 ) {
+    let Caches {
+        served,
+        ca_bundle,
+        policies_changed,
+        secret_changed,
+    } = caches;
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let (neighbours, requeue) = neighbours::Neighbours::new();
     let neighbours = Arc::new(neighbours);
     let (store, writer) = reflector::store::<InjectionPolicy>();
+    // `Store::wait_until_ready` wakes only the last of several waiters (its oneshot keeps one
+    // waker), and the controller's runner is one: every other task waits on this instead.
+    let (listed_tx, listed) = watch::channel(false);
     let policy_events = {
         let neighbours = Arc::clone(&neighbours);
         let store = store.clone();
@@ -443,7 +459,8 @@ async fn lead(
                 Ok(watcher::Event::Delete(p)) => neighbours.forget(&p.name_any()),
                 // A relist does not report what was deleted during the gap; the store knows.
                 Ok(watcher::Event::InitDone) => {
-                    neighbours.forget_all_but(|name| store.get(&ObjectRef::new(name)).is_some())
+                    neighbours.forget_all_but(|name| store.get(&ObjectRef::new(name)).is_some());
+                    listed_tx.send_replace(true);
                 }
                 _ => {}
             })
@@ -457,6 +474,7 @@ async fn lead(
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),
         controller.store(),
+        listed.clone(),
         leading.clone(),
         policies_changed.clone(),
     ));
@@ -486,7 +504,11 @@ async fn lead(
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
-        controller.store(),
+        coverage::Policies {
+            cache: controller.store(),
+            listed,
+            served,
+        },
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),
@@ -538,14 +560,13 @@ fn tokio_stream_of<T: Send + 'static>(
 async fn sweep_orphans(
     client: Client,
     known: Store<InjectionPolicy>,
+    listed: watch::Receiver<bool>,
     leading: watch::Receiver<bool>,
     mut policies_changed: watch::Receiver<u64>,
 ) {
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let policies = policy_api(&client);
-    if known.wait_until_ready().await.is_err() {
-        return;
-    }
+    wait_true(listed).await;
     loop {
         if let Err(e) = sweep_once(&configurations, &policies, &known, &leading).await {
             tracing::warn!(error = %e, "orphan sweep failed");
