@@ -760,3 +760,38 @@ async fn track_readiness(
     readiness.set_caches_synced(true);
     tracing::info!("policy and namespace caches synced");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    use super::*;
+
+    #[test]
+    fn the_leaders_cache_drops_managed_fields_and_last_applied_but_keeps_the_rest() {
+        let mut p = InjectionPolicy::new("p", Default::default());
+        p.spec.paused = true;
+        p.metadata.generation = Some(4);
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some("kubectl".into()),
+            ..ManagedFieldsEntry::default()
+        }]);
+        p.metadata.annotations = Some(BTreeMap::from([
+            (
+                "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+                "{\"spec\":{}}".to_owned(),
+            ),
+            ("team".to_owned(), "a".to_owned()),
+        ]));
+        slim(&mut p);
+        assert!(p.metadata.managed_fields.unwrap_or_default().is_empty());
+        assert_eq!(
+            p.metadata.annotations,
+            Some(BTreeMap::from([("team".to_owned(), "a".to_owned())]))
+        );
+        assert!(p.spec.paused);
+        assert_eq!(p.metadata.generation, Some(4));
+    }
+}
