@@ -7,8 +7,6 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
-
 use crate::json::{self, Cursor};
 
 /// The only AdmissionReview version Splice registers for (`admissionReviewVersions: [v1]`).
@@ -309,30 +307,10 @@ pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
     })
 }
 
-#[derive(Serialize)]
-struct WireResponseReview<'a> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'a str,
-    kind: &'a str,
-    response: WireResponse<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct WireResponse<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    warnings: &'a [String],
-}
-
 /// Serializes an allowing AdmissionReview response echoing the request's `apiVersion`, `kind` and
 /// `uid`. `patch` (a serialized JSON Patch array) is included, base64-encoded with
-/// `patchType: JSONPatch`, only when `Some`.
+/// `patchType: JSONPatch`, only when `Some`. Written by hand: it is on every request, and the
+/// base64 text needs no escaping, which a serializer would check byte by byte.
 pub fn allowed_response(
     api_version: &str,
     kind: &str,
@@ -341,19 +319,65 @@ pub fn allowed_response(
     warnings: &[String],
 ) -> Vec<u8> {
     use base64::Engine as _;
-    let review = WireResponseReview {
-        api_version,
-        kind,
-        response: WireResponse {
-            uid,
-            allowed: true,
-            patch_type: patch.map(|_| "JSONPatch"),
-            patch: patch.map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
-            warnings,
-        },
-    };
-    // Serializing strings, a bool and a string slice into a Vec cannot fail.
-    serde_json::to_vec(&review).unwrap_or_default()
+    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let warnings_len: usize = warnings.iter().map(|w| w.len() + 3).sum();
+    let mut out = String::with_capacity(
+        112 + api_version.len() + kind.len() + uid.len() + patch_len + warnings_len,
+    );
+    out.push_str(r#"{"apiVersion":"#);
+    push_json_str(&mut out, api_version);
+    out.push_str(r#","kind":"#);
+    push_json_str(&mut out, kind);
+    out.push_str(r#","response":{"uid":"#);
+    push_json_str(&mut out, uid);
+    out.push_str(r#","allowed":true"#);
+    if let Some(patch) = patch {
+        out.push_str(r#","patchType":"JSONPatch","patch":""#);
+        base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
+        out.push('"');
+    }
+    if let Some((first, rest)) = warnings.split_first() {
+        out.push_str(r#","warnings":["#);
+        push_json_str(&mut out, first);
+        for w in rest {
+            out.push(',');
+            push_json_str(&mut out, w);
+        }
+        out.push(']');
+    }
+    out.push_str("}}");
+    out.into_bytes()
+}
+
+/// Appends `s` as a JSON string, escaped as serde_json escapes it.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    let mut plain = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(s.get(plain..i).unwrap_or_default());
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(escape);
+        }
+        plain = i + 1;
+    }
+    out.push_str(s.get(plain..).unwrap_or_default());
+    out.push('"');
 }
 
 /// Finds `request.uid` without parsing the body: the benchmark's null handler measures the server
@@ -730,6 +754,23 @@ mod tests {
         let at = bytes.iter().position(|&b| b == b'p').unwrap();
         bytes[at] = 0xff;
         assert_eq!(parse_review(&bytes).unwrap_err().label(), "not_json");
+    }
+
+    #[test]
+    fn strings_in_a_response_are_escaped_as_serde_escapes_them() {
+        let mut every_byte: String = (0u8..0x80).map(char::from).collect();
+        every_byte.push_str("é\u{2028}\u{1F600}");
+        for s in ["", "u-1", "a\"b\\c", "\u{7f}", every_byte.as_str()] {
+            let mut ours = String::new();
+            push_json_str(&mut ours, s);
+            assert_eq!(ours, serde_json::to_string(s).unwrap());
+        }
+        let warnings = ["w\"1".to_owned(), "w2".to_owned()];
+        let body = allowed_response(API_VERSION, KIND, "u\n", Some(b"[{}]"), &warnings);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["response"]["uid"], "u\n");
+        assert_eq!(v["response"]["warnings"][0], "w\"1");
+        assert_eq!(v["response"]["warnings"][1], "w2");
     }
 
     #[test]

@@ -650,6 +650,14 @@ fn strip_for_render(pod: &mut serde_json::Value, policy: &str, mine: &Provenance
     }
 }
 
+/// Reads `text` as each of the engine's pod views with the JSON cursor and with the serde readers
+/// it replaced; an error describes the first disagreement. For the differential fuzz target.
+#[cfg(feature = "serde-oracle")]
+#[doc(hidden)]
+pub fn oracle_check_views(text: &str) -> Result<(), String> {
+    view::oracle::check(text)
+}
+
 /// Reads the `splice.dev/status` annotation of a pod (raw JSON): what each Splice policy injected.
 /// An absent annotation gives an empty map.
 pub fn provenance(object: &str) -> Result<Provenance, EngineError> {

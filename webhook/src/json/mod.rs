@@ -276,6 +276,14 @@ impl<'a> Cursor<'a> {
         let bytes = self.bytes();
         match bytes.get(self.pos) {
             Some(&b) if b > b' ' => return Some(b),
+            // One space, as after `:` and `,` in indented or Python-style JSON.
+            Some(b' ') => match bytes.get(self.pos + 1) {
+                Some(&b) if b > b' ' => {
+                    self.pos += 1;
+                    return Some(b);
+                }
+                _ => {}
+            },
             _ => {}
         }
         self.peek_slow()
