@@ -647,6 +647,8 @@ impl<'a> Cursor<'a> {
     /// not a stack frame.
     pub fn skip_value(&mut self) -> Result<(), Error> {
         let mut frames = Frames::new();
+        // The innermost container, kept out of `frames`: it is consulted after every value.
+        let mut top: Option<bool> = None;
         loop {
             // A value starts here.
             match self.peek() {
@@ -664,6 +666,7 @@ impl<'a> Cursor<'a> {
                         self.pos += 1;
                     } else {
                         frames.push(false);
+                        top = Some(false);
                         continue;
                     }
                 }
@@ -673,6 +676,7 @@ impl<'a> Cursor<'a> {
                         Some(b'}') => self.pos += 1,
                         Some(b'"') => {
                             frames.push(true);
+                            top = Some(true);
                             self.skip_key()?;
                             continue;
                         }
@@ -685,7 +689,7 @@ impl<'a> Cursor<'a> {
             }
             // A value ended: close containers until one continues with a comma.
             loop {
-                let Some(object) = frames.top() else {
+                let Some(object) = top else {
                     return Ok(());
                 };
                 match self.peek() {
@@ -703,10 +707,12 @@ impl<'a> Cursor<'a> {
                     Some(b']') if !object => {
                         self.pos += 1;
                         frames.pop();
+                        top = frames.top();
                     }
                     Some(b'}') if object => {
                         self.pos += 1;
                         frames.pop();
+                        top = frames.top();
                     }
                     Some(_) if object => return Err(self.syntax("`,` or `}`")),
                     Some(_) => return Err(self.syntax("`,` or `]`")),
