@@ -7,6 +7,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use splice_crds::{InjectionPolicy, Operation};
 use splice_webhook::engine::{
     CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
+    inject_validated,
 };
 
 const POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
@@ -193,9 +194,9 @@ fn cpu_table() {
             .join(" ")
     );
     println!(
-        "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
+        "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook: validated object) | patch, warm (validating read) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (name, pod) in PODS {
         let req = PodRequest {
             operation: Operation::Create,
@@ -220,7 +221,11 @@ fn cpu_table() {
         let value = best(n, &mut |_| {
             let _ = std::hint::black_box(serde_json::from_str::<serde_json::Value>(pod));
         });
+        let validated = splice_webhook::json::validate(pod).expect("fixture is JSON");
         let patch = best(n, &mut |_| {
+            let _ = std::hint::black_box(inject_validated(&warm, &req, validated));
+        });
+        let checked = best(n, &mut |_| {
             let _ = std::hint::black_box(inject(&warm, &req));
         });
         let fresh: Vec<CompiledPolicy> = (0..100).map(|_| compile(POLICY)).collect();
@@ -232,7 +237,7 @@ fn cpu_table() {
             let _ = std::hint::black_box(inject_and_apply(&warm, &req));
         });
         println!(
-            "| {name} ({} B) | {scan:.1} | {cursor:.1} | {value:.1} | {patch:.1} | {cold:.1} | {full:.1} | {:.1}× |",
+            "| {name} ({} B) | {scan:.1} | {cursor:.1} | {value:.1} | {patch:.1} | {checked:.1} | {cold:.1} | {full:.1} | {:.1}× |",
             pod.len(),
             full / patch
         );
@@ -241,7 +246,8 @@ fn cpu_table() {
 
 /// `ENGINE_CALLS=N`: the warm patch path on the 8.5 KB pod N times and nothing else, for counting
 /// instructions under valgrind (`--tool=callgrind --toggle-collect='*engine::inject*'`), a figure
-/// that machine load does not move.
+/// that machine load does not move. The object comes validated, as from the webhook's envelope;
+/// `ENGINE_VALIDATING=1` measures the offline path's validating read instead.
 fn calls_only(n: u32) {
     let ns = NamespaceContext {
         name: "shop".into(),
@@ -255,8 +261,19 @@ fn calls_only(n: u32) {
         namespace: &ns,
         exclusions: &exclusions,
     };
-    for _ in 0..n {
-        let _ = std::hint::black_box(inject(&warm, std::hint::black_box(&req)));
+    let validated = splice_webhook::json::validate(req.object).expect("fixture is JSON");
+    if std::env::var_os("ENGINE_VALIDATING").is_some() {
+        for _ in 0..n {
+            let _ = std::hint::black_box(inject(&warm, std::hint::black_box(&req)));
+        }
+    } else {
+        for _ in 0..n {
+            let _ = std::hint::black_box(inject_validated(
+                &warm,
+                std::hint::black_box(&req),
+                validated,
+            ));
+        }
     }
 }
 

@@ -28,6 +28,8 @@ use selector::Selector;
 use template::{Templates, first_duplicate};
 use view::{PodView, Str};
 
+use crate::json::Validated;
+
 /// The namespace a pod is admitted into, as templates and namespace selectors see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespaceContext {
@@ -384,7 +386,31 @@ impl EngineError {
 
 /// Decides and computes the injection of `policy` into `request.object`.
 pub fn inject(policy: &CompiledPolicy, request: &PodRequest<'_>) -> Result<Decision, EngineError> {
-    Ok(run(policy, request, false)?.0)
+    Ok(run(policy, request, None, false)?.0)
+}
+
+/// Like [`inject`], for an object the caller already validated (the webhook's envelope read):
+/// when `object` is the very text of `request.object`, the engine skips what it does not read
+/// without checking it again. Any other `object` is ignored and `request.object` read as by
+/// [`inject`]; the decision is the same either way.
+pub fn inject_validated(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+    object: Validated<'_>,
+) -> Result<Decision, EngineError> {
+    Ok(run(policy, request, Some(object), false)?.0)
+}
+
+/// The pod view of `request.object`, through the cheaper trusted read when `validated` proves it
+/// is JSON: the proof must cover the same bytes, not merely equal ones.
+fn read_view<'a>(
+    request: &PodRequest<'a>,
+    validated: Option<Validated<'_>>,
+) -> Result<PodView<'a>, crate::json::Error> {
+    match validated.and_then(|v| v.covering(request.object)) {
+        Some(v) => view::from_validated(v),
+        None => view::from_str(request.object),
+    }
 }
 
 /// Like [`inject`], and also returns the object with the patch applied (the input unchanged when
@@ -393,7 +419,7 @@ pub fn inject_and_apply(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
 ) -> Result<(Decision, serde_json::Value), EngineError> {
-    let (decision, object) = run(policy, request, true)?;
+    let (decision, object) = run(policy, request, None, true)?;
     match object {
         Some(object) => Ok((decision, object)),
         None => Ok((decision, parse_value(request.object)?)),
@@ -440,10 +466,11 @@ fn precheck(
 fn run(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
+    validated: Option<Validated<'_>>,
     want_object: bool,
 ) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
     let view: PodView<'_> =
-        view::from_str(request.object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+        read_view(request, validated).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     if let Some(reason) = precheck(policy, request, &view) {
         return Ok((Decision::Skip(reason), None));
     }

@@ -17,7 +17,7 @@ use std::ops::Deref;
 #[cfg(any(test, feature = "serde-oracle"))]
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::json::{Cursor, Error};
+use crate::json::{Cursor, Error, Validated};
 
 /// A value read from a cursor, as its serde `Deserialize` would read it.
 pub(crate) trait FromJson<'a>: Sized {
@@ -27,6 +27,15 @@ pub(crate) trait FromJson<'a>: Sized {
 /// Reads a whole document (nothing but whitespace may follow the value).
 pub(crate) fn from_str<'a, T: FromJson<'a>>(text: &'a str) -> Result<T, Error> {
     let mut c = Cursor::new(text);
+    let value = T::read(&mut c)?;
+    c.finish()?;
+    Ok(value)
+}
+
+/// Reads a whole validated document: fields are read as by [`from_str`], everything else is
+/// skipped without re-checking it.
+pub(crate) fn from_validated<'a, T: FromJson<'a>>(text: Validated<'a>) -> Result<T, Error> {
+    let mut c = Cursor::trusted(text);
     let value = T::read(&mut c)?;
     c.finish()?;
     Ok(value)
@@ -400,6 +409,99 @@ mod tests {
     use super::*;
     use crate::json::tests::{SEEDS, mutated};
 
+    fn same_trusted<'a, T>(text: &'a str, v: Validated<'a>) -> Result<(), String>
+    where
+        T: FromJson<'a> + PartialEq + fmt::Debug,
+    {
+        let checked = from_str::<T>(text);
+        let trusted = from_validated::<T>(v);
+        match (&checked, &trusted) {
+            (Ok(a), Ok(b)) if a == b => Ok(()),
+            (Err(_), Err(_)) => Ok(()),
+            _ => Err(format!(
+                "{}: validating {checked:?} vs trusted {trusted:?}",
+                std::any::type_name::<T>()
+            )),
+        }
+    }
+
+    /// Every view, read from valid `text` by the validating and by the trusted cursor. `None`
+    /// when the text is not JSON (nothing to compare).
+    fn trusted_agrees(text: &str) -> Option<Result<(), String>> {
+        let v = crate::json::validate(text).ok()?;
+        Some((|| {
+            same_trusted::<PodView<'_>>(text, v)?;
+            same_trusted::<RawPodView<'_>>(text, v)?;
+            same_trusted::<RawContainerView<'_>>(text, v)?;
+            same_trusted::<ContainerView<'_>>(text, v)?;
+            same_trusted::<Option<Str<'_>>>(text, v)
+        })())
+    }
+
+    /// Any JSON value, with strings full of what a skip must step over: quotes, backslashes,
+    /// brackets, control characters (escaped when serialized) and non-ASCII.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            "[\"\\\\\\[\\]{},:a-z0-9 \u{1}\n\t\u{e9}\u{1F600}/]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(serde_json::Value::Array),
+                prop::collection::vec(("[a-zA-Z\"\\\\]{0,6}", inner), 0..5)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A real pod with members added just inside some of its objects: keys the views read (so
+    /// values of the wrong type and repeated keys too) and keys they skip, each with any value,
+    /// serialized compactly or with spaces.
+    fn valid_pod() -> impl Strategy<Value = String> {
+        const KEYS: &[&str] = &[
+            "x",
+            "name",
+            "env",
+            "spec",
+            "metadata",
+            "labels",
+            "annotations",
+            "containers",
+            "volumeMounts",
+            "mountPath",
+            "kind",
+            "n\\u0061me",
+            "volumes",
+        ];
+        let member = (
+            any::<prop::sample::Index>(),
+            0..KEYS.len(),
+            json_value(),
+            any::<bool>(),
+        );
+        (0..4usize, prop::collection::vec(member, 1..4)).prop_map(|(seed, members)| {
+            let mut doc = SEEDS[seed].to_owned();
+            for (at, key, value, pretty) in members {
+                let opens: Vec<usize> = doc.match_indices("{\"").map(|(i, _)| i).collect();
+                let Some(&i) = opens.get(at.index(opens.len().max(1))) else {
+                    continue;
+                };
+                let value = if pretty {
+                    serde_json::to_string_pretty(&value)
+                } else {
+                    serde_json::to_string(&value)
+                }
+                .unwrap();
+                doc.insert_str(i + 1, &format!("\"{}\" : {value} ,", KEYS[key]));
+            }
+            doc
+        })
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
@@ -409,6 +511,37 @@ mod tests {
                 prop_assert!(false, "{}", e);
             }
         }
+
+        #[test]
+        fn the_trusted_read_of_a_valid_pod_equals_the_validating_read(doc in valid_pod()) {
+            match trusted_agrees(&doc) {
+                Some(r) => if let Err(e) = r { prop_assert!(false, "{}", e) },
+                None => prop_assert!(false, "the generator made invalid JSON"),
+            }
+        }
+
+        #[test]
+        fn the_trusted_read_of_a_mutated_pod_that_is_still_json_equals_the_validating_read(
+            doc in mutated()
+        ) {
+            if let Some(Err(e)) = trusted_agrees(&doc) {
+                prop_assert!(false, "{}", e);
+            }
+        }
+    }
+
+    #[test]
+    fn the_trusted_read_of_the_fixtures_equals_the_validating_read() {
+        for seed in SEEDS {
+            trusted_agrees(seed).unwrap().unwrap();
+        }
+        // Escapes and brackets inside skipped strings, numbers before a closing bracket.
+        let text = r#"{"x":"a\"}]\\","spec":{"y":["]","\"",{"z":-1.5e3}],"containers":[{"q":1e2,
+            "name":"c\u00e9","w":[true,false,null]}]},"metadata":{"labels":{"k":"v\n"}}}"#;
+        trusted_agrees(text).unwrap().unwrap();
+        let pod: PodView<'_> = from_validated(crate::json::validate(text).unwrap()).unwrap();
+        let c = &pod.spec.unwrap().containers.unwrap()[0];
+        assert_eq!(c.name(), "c\u{e9}");
     }
 
     #[test]

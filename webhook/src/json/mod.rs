@@ -99,10 +99,30 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// Validates `text` as one JSON value, as `serde_json::from_str::<IgnoredAny>` would.
-pub fn validate(text: &str) -> Result<(), Error> {
+pub fn validate(text: &str) -> Result<Validated<'_>, Error> {
     let mut c = Cursor::new(text);
     c.skip_value()?;
-    c.finish()
+    c.finish()?;
+    Ok(Validated(text))
+}
+
+/// Text this module has checked to be exactly one JSON value (surrounding whitespace aside).
+/// Only [`validate`] and [`Cursor::validated_value`] make one, so holding one proves the check
+/// ran: a cursor over it ([`Cursor::trusted`]) skips uninteresting values without re-checking
+/// them, while strings it reads are still decoded in full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Validated<'a>(&'a str);
+
+impl<'a> Validated<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+
+    /// The proof for `text`, borrowed for as long as `text` is, when `text` is the very slice
+    /// this proof covers (same address and length; equal bytes elsewhere are not enough).
+    pub fn covering<'b>(self, text: &'b str) -> Option<Validated<'b>> {
+        std::ptr::eq(self.0, text).then_some(Validated(text))
+    }
 }
 
 /// The input as text: JSON is UTF-8, and checking it once up front is cheaper than per string.
@@ -221,11 +241,27 @@ fn hex(b: u8) -> Option<u16> {
 pub struct Cursor<'a> {
     text: &'a str,
     pos: usize,
+    /// Set only from a [`Validated`]: skipping then finds value ends without checking grammar.
+    trusted: bool,
 }
 
 impl<'a> Cursor<'a> {
     pub fn new(text: &'a str) -> Self {
-        Cursor { text, pos: 0 }
+        Cursor {
+            text,
+            pos: 0,
+            trusted: false,
+        }
+    }
+
+    /// A cursor over already-validated text. Readers behave as over [`Cursor::new`] on it
+    /// (valid input reads the same either way); only skipping is cheaper.
+    pub fn trusted(text: Validated<'a>) -> Self {
+        Cursor {
+            text: text.0,
+            pos: 0,
+            trusted: true,
+        }
     }
 
     /// The byte offset of the next unread byte.
@@ -643,9 +679,103 @@ impl<'a> Cursor<'a> {
         Ok(self.text.get(start..self.pos).unwrap_or_default())
     }
 
+    /// The next value, validated as [`Cursor::raw_value`] does, as proof for a trusted cursor.
+    pub fn validated_value(&mut self) -> Result<Validated<'a>, Error> {
+        // Always the checking skip, so a trusted cursor cannot mint proofs of its own.
+        self.peek();
+        let start = self.pos;
+        self.skip_checked()?;
+        Ok(Validated(
+            self.text.get(start..self.pos).unwrap_or_default(),
+        ))
+    }
+
     /// Skips the next value, checking it is JSON. Iterative: nesting depth costs a bit per level,
     /// not a stack frame.
+    #[inline]
     pub fn skip_value(&mut self) -> Result<(), Error> {
+        if self.trusted {
+            self.skip_trusted();
+            return Ok(());
+        }
+        self.skip_checked()
+    }
+
+    /// Skips a value of validated text: strings end at the first unescaped `"`, containers when
+    /// brackets balance (brackets inside strings are passed over with the strings), scalars at the
+    /// next delimiter. Nothing is checked, so on text that is not JSON it stops somewhere
+    /// unspecified but within the text; [`Cursor::trusted`] is the only way in.
+    fn skip_trusted(&mut self) {
+        let bytes = self.bytes();
+        let mut depth = 0usize;
+        loop {
+            let Some(b) = self.peek() else {
+                return;
+            };
+            match b {
+                b'"' => {
+                    self.pos += 1;
+                    self.skip_trusted_string();
+                }
+                b'[' | b'{' => {
+                    self.pos += 1;
+                    depth += 1;
+                    continue;
+                }
+                b']' | b'}' => {
+                    self.pos += 1;
+                    depth = depth.saturating_sub(1);
+                }
+                b',' | b':' => {
+                    // Inside a container: separators between its members.
+                    self.pos += 1;
+                    continue;
+                }
+                _ => {
+                    // A number or a literal: runs to the next delimiter or whitespace.
+                    while let Some(&c) = bytes.get(self.pos) {
+                        if matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
+                            break;
+                        }
+                        self.pos += 1;
+                    }
+                }
+            }
+            if depth == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Passes a string body of validated text (after its opening quote) and its closing quote.
+    #[inline(always)]
+    fn skip_trusted_string(&mut self) {
+        let bytes = self.bytes();
+        loop {
+            let rest = bytes.get(self.pos..).unwrap_or_default();
+            match string_stop(rest) {
+                Some(i) => {
+                    self.pos += i;
+                    match bytes.get(self.pos) {
+                        Some(b'"') => {
+                            self.pos += 1;
+                            return;
+                        }
+                        // An escape: its next byte is never the end of the string.
+                        Some(b'\\') => self.pos += 2,
+                        // A control character cannot be in validated text; move past it anyway.
+                        _ => self.pos += 1,
+                    }
+                }
+                None => {
+                    self.pos = bytes.len();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn skip_checked(&mut self) -> Result<(), Error> {
         let mut frames = Frames::new();
         // The innermost container, kept out of `frames`: it is consulted after every value.
         let mut top: Option<bool> = None;

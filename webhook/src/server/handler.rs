@@ -243,13 +243,14 @@ impl Handler {
         let namespace = namespace_context(&self.inner.namespaces, &review.namespace);
         let request = PodRequest {
             operation,
-            object,
+            object: object.get(),
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
-        let decided =
-            std::panic::catch_unwind(AssertUnwindSafe(|| engine::inject(policy, &request)));
+        let decided = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            engine::inject_validated(policy, &request, object)
+        }));
         match decided {
             Ok(Ok(Decision::Inject(injection))) => {
                 if !review.dry_run {
