@@ -707,43 +707,41 @@ impl<'a> Cursor<'a> {
     /// unspecified but within the text; [`Cursor::trusted`] is the only way in.
     fn skip_trusted(&mut self) {
         let bytes = self.bytes();
-        let mut depth = 0usize;
-        loop {
-            let Some(b) = self.peek() else {
-                return;
-            };
-            match b {
-                b'"' => {
+        match self.peek() {
+            Some(b'"') => {
+                self.pos += 1;
+                self.skip_trusted_string();
+            }
+            Some(b'[' | b'{') => {
+                self.pos += 1;
+                // Only strings and brackets matter inside a container: one test per byte
+                // instead of a token dispatch per member.
+                let mut depth = 1usize;
+                while let Some(&b) = bytes.get(self.pos) {
                     self.pos += 1;
-                    self.skip_trusted_string();
-                }
-                b'[' | b'{' => {
-                    self.pos += 1;
-                    depth += 1;
-                    continue;
-                }
-                b']' | b'}' => {
-                    self.pos += 1;
-                    depth = depth.saturating_sub(1);
-                }
-                b',' | b':' => {
-                    // Inside a container: separators between its members.
-                    self.pos += 1;
-                    continue;
-                }
-                _ => {
-                    // A number or a literal: runs to the next delimiter or whitespace.
-                    while let Some(&c) = bytes.get(self.pos) {
-                        if matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
-                            break;
+                    match b {
+                        b'"' => self.skip_trusted_string(),
+                        b'[' | b'{' => depth += 1,
+                        b']' | b'}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return;
+                            }
                         }
-                        self.pos += 1;
+                        _ => {}
                     }
                 }
             }
-            if depth == 0 {
-                return;
+            Some(_) => {
+                // A number or a literal: runs to the next delimiter or whitespace.
+                while let Some(&c) = bytes.get(self.pos) {
+                    if matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
+                        break;
+                    }
+                    self.pos += 1;
+                }
             }
+            None => {}
         }
     }
 
