@@ -4,29 +4,14 @@
 #![allow(clippy::expect_used)]
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
-use splice_crds::{InjectionPolicy, Operation};
+use splice_crds::Operation;
 use splice_webhook::engine::{
     CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
     inject_validated,
 };
 
-const POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
-const PODS: [(&str, &str); 4] = [
-    ("pod-3k", include_str!("../testdata/pod-3k.json")),
-    ("pod-8k", include_str!("../testdata/pod-8k.json")),
-    ("pod-45k", include_str!("../testdata/pod-45k.json")),
-    (
-        "pod-2000-env",
-        include_str!("../testdata/pod-2000-env.json"),
-    ),
-];
-
-fn compile(yaml: &str) -> CompiledPolicy {
-    let p: InjectionPolicy = serde_yaml::from_str(yaml).expect("policy YAML");
-    let name = p.metadata.name.clone().expect("policy name");
-    CompiledPolicy::compile(&name, p.metadata.generation.unwrap_or(1), &p.spec)
-        .expect("policy compiles")
-}
+mod fixtures;
+use fixtures::{PODS, POLICY, compile};
 
 fn bench(c: &mut Criterion) {
     let ns = NamespaceContext {

@@ -12,22 +12,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use splice_crds::InjectionPolicy;
-use splice_webhook::engine::CompiledPolicy;
 use splice_webhook::metrics::Metrics;
 use splice_webhook::server::{Handler, WebhookConfig};
 use splice_webhook::store::{NamespaceStore, PolicyStore};
 
-const POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
-const PODS: [(&str, &str); 4] = [
-    ("pod-3k", include_str!("../testdata/pod-3k.json")),
-    ("pod-8k", include_str!("../testdata/pod-8k.json")),
-    ("pod-45k", include_str!("../testdata/pod-45k.json")),
-    (
-        "pod-2000-env",
-        include_str!("../testdata/pod-2000-env.json"),
-    ),
-];
+mod fixtures;
+use fixtures::{PODS, compile};
 
 /// An AdmissionReview as the API server sends it for a pod CREATE: user info, no old object.
 fn review(pod: &str) -> Bytes {
@@ -37,9 +27,8 @@ fn review(pod: &str) -> Bytes {
 }
 
 fn handler() -> (Handler, String) {
-    let policy: InjectionPolicy = serde_yaml::from_str(POLICY).expect("policy YAML");
-    let name = policy.metadata.name.clone().expect("policy name");
-    let compiled = CompiledPolicy::compile(&name, 1, &policy.spec).expect("policy compiles");
+    let compiled = compile(fixtures::POLICY);
+    let name = compiled.name().to_owned();
     let policies = Arc::new(PolicyStore::new());
     policies.insert(name.clone(), Arc::new(compiled));
     let mut config = WebhookConfig::new("splice-system");
