@@ -10,8 +10,8 @@ use splice_webhook::engine::{
     inject_validated,
 };
 
-mod fixtures;
-use fixtures::{PODS, POLICY, compile};
+mod common;
+use common::{PODS, POLICY, compile, load_average, thread_cpu_ns};
 
 fn bench(c: &mut Criterion) {
     let ns = NamespaceContext {
@@ -138,14 +138,6 @@ fn bench(c: &mut Criterion) {
 
 criterion_group!(benches, bench);
 
-/// CPU time this thread has run, from the scheduler's own accounting: unlike criterion's wall
-/// clock it does not grow when other processes take the core, so figures from a shared machine
-/// stay comparable.
-fn thread_cpu_ns() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    text.split_whitespace().next()?.parse().ok()
-}
-
 /// Mean CPU µs of `f` over `n` calls (one reading per batch, so the read itself is noise).
 fn cpu_us(n: u32, mut f: impl FnMut(u32)) -> Option<f64> {
     let start = thread_cpu_ns()?;
@@ -171,12 +163,7 @@ fn cpu_table() {
     let warm = compile(POLICY);
     println!(
         "\nCPU µs per call (thread CPU time, best of 5 batches; load average {}):",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+        load_average()
     );
     println!(
         "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook: validated object) | patch, warm (validating read) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"

@@ -16,8 +16,8 @@ use splice_webhook::metrics::Metrics;
 use splice_webhook::server::{Handler, WebhookConfig};
 use splice_webhook::store::{NamespaceStore, PolicyStore};
 
-mod fixtures;
-use fixtures::{PODS, compile};
+mod common;
+use common::{PODS, compile, load_average, thread_cpu_ns};
 
 /// An AdmissionReview as the API server sends it for a pod CREATE: user info, no old object.
 fn review(pod: &str) -> Bytes {
@@ -27,7 +27,7 @@ fn review(pod: &str) -> Bytes {
 }
 
 fn handler() -> (Handler, String) {
-    let compiled = compile(fixtures::POLICY);
+    let compiled = compile(common::POLICY);
     let name = compiled.name().to_owned();
     let policies = Arc::new(PolicyStore::new());
     policies.insert(name.clone(), Arc::new(compiled));
@@ -63,12 +63,6 @@ fn call(rt: &tokio::runtime::Runtime, handler: &Handler, path: &str, body: &Byte
             .to_bytes();
         (status, out)
     })
-}
-
-/// CPU time this thread has run, from the scheduler's own accounting (robust to load).
-fn thread_cpu_ns() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    text.split_whitespace().next()?.parse().ok()
 }
 
 /// Mean CPU µs per call of `f`, best of 5 batches. A batch runs for at least 150 ms of wall time:
@@ -118,12 +112,7 @@ fn main() {
     }
     println!(
         "\nHandler::handle, CPU µs per request (thread CPU time, best of 5 batches; load average {}):",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
+        load_average()
     );
     println!(
         "| review | /null | /inject (sidecar, warm) | beyond null | inject req/s ÷ null req/s |"
