@@ -241,12 +241,7 @@ pub fn parse_review(body: &[u8]) -> Result<Review<'_>, ReviewError> {
         return Err(ReviewError::Empty);
     }
     let wire = json::utf8(body)
-        .and_then(|text| {
-            let mut c = Cursor::new(text);
-            let wire = read_review(&mut c)?;
-            c.finish()?;
-            Ok(wire)
-        })
+        .and_then(|text| Cursor::new(text).document(read_review))
         .map_err(|e| match e.kind() {
             json::ErrorKind::Eof => ReviewError::Truncated(e),
             json::ErrorKind::Syntax => ReviewError::NotJson(e),

@@ -525,7 +525,7 @@ async fn lead(
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
         )
         .reconcile_all_on(everything)
-        .reconcile_on(tokio_stream_of(requeue))
+        .reconcile_on(requeue)
         .with_config(controller::Config::default().concurrency(4))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -547,12 +547,6 @@ fn slim(policy: &mut InjectionPolicy) {
     if let Some(annotations) = policy.metadata.annotations.as_mut() {
         annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
     }
-}
-
-fn tokio_stream_of<T: Send + 'static>(
-    rx: tokio::sync::mpsc::UnboundedReceiver<T>,
-) -> impl Stream<Item = T> + Send + 'static {
-    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
 /// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage

@@ -13,10 +13,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Mutex, PoisonError};
 
+use futures::channel::mpsc;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use splice_crds::InjectionPolicy;
-use tokio::sync::mpsc;
 
 use super::conflicts::Conflict;
 
@@ -63,7 +63,7 @@ pub struct Neighbours {
 impl Neighbours {
     /// The record and the receiving end of its queue (to feed `Controller::reconcile_on`).
     pub fn new() -> (Self, mpsc::UnboundedReceiver<ObjectRef<InjectionPolicy>>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::unbounded();
         (
             Neighbours {
                 recorded: Mutex::default(),
@@ -129,7 +129,7 @@ impl Neighbours {
             tracing::debug!(policy = %name, "a conflict partner changed; reconciling again");
             // The receiver is gone only when the controller stopped with leadership; then nothing
             // needs reconciling here.
-            let _ = self.requeue.send(ObjectRef::new(&name));
+            let _ = self.requeue.unbounded_send(ObjectRef::new(&name));
         }
     }
 }

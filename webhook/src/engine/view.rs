@@ -26,19 +26,13 @@ pub(crate) trait FromJson<'a>: Sized {
 
 /// Reads a whole document (nothing but whitespace may follow the value).
 pub(crate) fn from_str<'a, T: FromJson<'a>>(text: &'a str) -> Result<T, Error> {
-    let mut c = Cursor::new(text);
-    let value = T::read(&mut c)?;
-    c.finish()?;
-    Ok(value)
+    Cursor::new(text).document(T::read)
 }
 
 /// Reads a whole validated document: fields are read as by [`from_str`], everything else is
 /// skipped without re-checking it.
 pub(crate) fn from_validated<'a, T: FromJson<'a>>(text: Validated<'a>) -> Result<T, Error> {
-    let mut c = Cursor::trusted(text);
-    let value = T::read(&mut c)?;
-    c.finish()?;
-    Ok(value)
+    Cursor::trusted(text).document(T::read)
 }
 
 impl<'a, T: FromJson<'a>> FromJson<'a> for Option<T> {

@@ -100,9 +100,7 @@ impl std::error::Error for Error {}
 
 /// Validates `text` as one JSON value, as `serde_json::from_str::<IgnoredAny>` would.
 pub fn validate(text: &str) -> Result<Validated<'_>, Error> {
-    let mut c = Cursor::new(text);
-    c.skip_value()?;
-    c.finish()?;
+    Cursor::new(text).document(Cursor::skip_value)?;
     Ok(Validated(text))
 }
 
@@ -334,6 +332,16 @@ impl<'a> Cursor<'a> {
             }
         }
         None
+    }
+
+    /// Reads one whole document with `read`: nothing but whitespace may follow the value.
+    pub fn document<T>(
+        mut self,
+        read: impl FnOnce(&mut Self) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let value = read(&mut self)?;
+        self.finish()?;
+        Ok(value)
     }
 
     /// Succeeds only when nothing but whitespace is left.
