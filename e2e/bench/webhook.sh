@@ -8,7 +8,11 @@
 #   server util     server CPU time / wall time during that run (1.00 = the whole core)
 #   CPU µs/req      server utime+stime delta (/proc/PID/stat) / requests, same run
 #   req/s per core  1e6 / (CPU µs/req): throughput if the server had the whole core
-#   p50/p99/p99.9   at a constant half of that server's max rate (oha -q, latency-corrected)
+#   p50/p99/p99.9   at a constant half of that server's max rate (oha -q), twice:
+#                   latency-corrected with LAT_CONNS connections (measured from when each request
+#                   was due, so it includes any lag of oha's own schedule: the null ceiling's
+#                   figure shows that floor), and service latency (from when it was sent) with
+#                   SERVICE_CONNS connections
 #   RSS             VmRSS idle (after start and one request), peak VmRSS sampled under load, VmHWM
 #   CPU µs/handshake server CPU per fresh TLS connection (openssl s_time -new: full handshakes)
 #   run-queue wait  time the server's threads were runnable but not running during the latency run
@@ -19,7 +23,7 @@
 #                   accrues it.
 #
 # Environment: DURATION (s per wrk run, default 10), CONNS (default "8 32 64"), LAT_DURATION
-# (default 15), SERVER_CPU (0), CLIENT_CPU (1), AGNHOST (path; default from the control-plane
+# (default 15), LAT_CONNS (default 32), SERVICE_CONNS (default 4), SERVER_CPU (0), CLIENT_CPU (1), AGNHOST (path; default from the control-plane
 # build cache), SPLICE_BIN (use this binary instead of building one), OUT (also write the table
 # to this file), RT=1 (run servers and load generators under SCHED_FIFO with chrt, so that other
 # processes on a shared machine cannot delay them: a control for the latency columns).
@@ -30,6 +34,8 @@ here="$repo/e2e/bench"
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-"8 32 64"}
 LAT_DURATION=${LAT_DURATION:-15}
+LAT_CONNS=${LAT_CONNS:-32}
+SERVICE_CONNS=${SERVICE_CONNS:-4}
 SERVER_CPU=${SERVER_CPU:-0}
 CLIENT_CPU=${CLIENT_CPU:-1}
 POLICY_FILE=${POLICY_FILE:-$repo/webhook/testdata/policy-sidecar.yaml}
@@ -114,6 +120,12 @@ rss_kb() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 # Nanoseconds the process's threads spent runnable but waiting for a CPU (second schedstat field).
 runq_wait_ns() { cat "/proc/$1"/task/*/schedstat 2>/dev/null | awk '{s += $2} END {printf "%.0f\n", s}'; }
 
+run_oha() { # url rate conns [--latency-correction] -> $work/oha.json
+  taskset -c "$CLIENT_CPU" "${prio[@]}" oha --no-tui --insecure -q "$2" -z "${LAT_DURATION}s" -c "$3" ${4:-} \
+    -m POST -T application/json -D "$work/review.json" --output-format json "$1" >"$work/oha.json" 2>"$work/oha.err" \
+    || { cat "$work/oha.err" >&2; die "oha failed on $1"; }
+}
+
 post_once() { # url -> response body
   curl -sk --max-time 5 -X POST -H 'Content-Type: application/json' --data-binary @"$work/review.json" "$1"
 }
@@ -188,12 +200,13 @@ print(f'{reqs/secs:.0f} {cpu_s/secs:.2f} {cpu_s*1e6/reqs:.1f} $c $peak')")
   log "$label: latency at $rate req/s for ${LAT_DURATION}s"
   local q0 q1
   q0=$(runq_wait_ns "$server_pid")
-  taskset -c "$CLIENT_CPU" "${prio[@]}" oha --no-tui --insecure -q "$rate" -z "${LAT_DURATION}s" -c 32 --latency-correction \
-    -m POST -T application/json -D "$work/review.json" --output-format json "$url" >"$work/oha.json" 2>"$work/oha.err" \
-    || { cat "$work/oha.err" >&2; die "$label: oha failed"; }
+  run_oha "$url" "$rate" "$LAT_CONNS" --latency-correction
   q1=$(runq_wait_ns "$server_pid")
   local lat; lat=$(python3 "$here/webhook_util.py" oha "$work/oha.json") || die "$label: cannot read oha output"
   local runq; runq=$(python3 -c "print(f'{($q1 - $q0) / 1e6 / $LAT_DURATION:.1f}')")
+  log "$label: service latency at $rate req/s, $SERVICE_CONNS connections"
+  run_oha "$url" "$rate" "$SERVICE_CONNS"
+  local svc; svc=$(python3 "$here/webhook_util.py" oha "$work/oha.json") || die "$label: cannot read oha output"
 
   log "$label: fresh TLS handshakes"
   local h0 h1 conns
@@ -205,10 +218,10 @@ print(f'{reqs/secs:.0f} {cpu_s/secs:.2f} {cpu_s*1e6/reqs:.1f} $c $peak')")
   local hs; hs=$(python3 -c "print(f'{$((h1 - h0)) / $clk_tck * 1e6 / $conns:.0f}')")
 
   stop_server
-  # label|rps|util|us/req|conns|rss_idle|rss_peak|hwm|lat|handshake|handshakes|runq
-  echo "$label|$best_line|$rss_idle|$hwm|$lat|$hs|$conns|$runq" | awk -F'|' '{
+  # label|rps|util|us/req|conns|rss_idle|rss_peak|hwm|lat|handshake|handshakes|runq|service lat
+  echo "$label|$best_line|$rss_idle|$hwm|$lat|$hs|$conns|$runq|$svc" | awk -F'|' '{
     split($2, b, " ");
-    printf "%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s\n", $1, b[1], b[2], b[3], b[4], $3, b[5], $4, $5, $6, $7, $8 }' >>"$work/rows"
+    printf "%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s\n", $1, b[1], b[2], b[3], b[4], $3, b[5], $4, $5, $6, $7, $8, $9 }' >>"$work/rows"
 }
 
 # --- runs --------------------------------------------------------------------------------------
@@ -227,4 +240,4 @@ if [ -n "$agnhost" ]; then
     --port "$port" --sidecar-image registry.example/sidecar:1.0
 fi
 
-python3 "$here/webhook_util.py" table "$work/rows" "$review_bytes" "$pod_bytes" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$load_start" | tee "${OUT:-/dev/null}"
+python3 "$here/webhook_util.py" table "$work/rows" "$review_bytes" "$pod_bytes" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$load_start" "$LAT_CONNS" "$SERVICE_CONNS" | tee "${OUT:-/dev/null}"

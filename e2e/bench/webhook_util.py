@@ -68,27 +68,32 @@ def oha(path):
     print(f"{ms('p50'):.3f} {ms('p99'):.3f} {ms('p99.9'):.3f} {data['summary']['requestsPerSec']:.0f}")
 
 
-def table(rows_path, review_bytes, pod_bytes, cpus, loadavg, load_start="?"):
+def table(rows_path, review_bytes, pod_bytes, cpus, loadavg, load_start="?", lat_conns="32", service_conns="4"):
     rows = []
     with open(rows_path) as f:
         for line in f:
-            (label, rps, util, us, conns, rss_idle, rss_peak, hwm, lat, hs, hs_n, runq) = line.rstrip("\n").split("|")
+            (label, rps, util, us, conns, rss_idle, rss_peak, hwm, lat, hs, hs_n, runq, svc) = line.rstrip("\n").split("|")
             p50, p99, p999, lat_rps = lat.split()
+            s50, s99, s999, _ = svc.split()
             rows.append(dict(label=label, rps=int(rps), util=float(util), us=float(us), conns=conns,
                              rss_idle=int(rss_idle), rss_peak=int(rss_peak), hwm=int(hwm),
                              p50=float(p50), p99=float(p99), p999=float(p999), lat_rps=int(lat_rps),
+                             s50=float(s50), s99=float(s99), s999=float(s999),
                              hs=int(hs), hs_n=int(hs_n), runq=float(runq)))
     mb = lambda kb: f"{kb / 1024:.1f}"
     print(f"\nWebhook benchmark: {int(pod_bytes)/1024:.1f} KB pod in a {int(review_bytes)/1024:.1f} KB "
           f"AdmissionReview, ECDSA P-256, TLS 1.3, HTTP/1.1 keep-alive; server on one core, "
           f"wrk/oha/openssl on another ({cpus} CPUs, load average at the start {load_start}, at the end {loadavg}).\n")
     print("| server | max req/s (conns) | server core util | CPU µs/req | req/s per core (1e6/CPU µs) "
-          "| p50 / p99 / p99.9 ms @ ½ max (achieved req/s) | server run-queue wait ms/s during that run "
+          f"| p50 / p99 / p99.9 ms @ ½ max, corrected, {lat_conns} conns (achieved req/s) "
+          "| server run-queue wait ms/s during that run "
+          f"| p50 / p99 / p99.9 ms @ ½ max, service, {service_conns} conns "
           "| RSS idle / peak / HWM MB | CPU µs per new TLS conn |")
-    print("|---|---:|---:|---:|---:|---|---:|---|---:|")
+    print("|---|---:|---:|---:|---:|---|---:|---|---|---:|")
     for r in rows:
         print(f"| {r['label']} | {r['rps']} ({r['conns']}) | {r['util']:.2f} | {r['us']:.1f} | "
               f"{1e6 / r['us']:.0f} | {r['p50']:.3f} / {r['p99']:.3f} / {r['p999']:.3f} ({r['lat_rps']}) | {r['runq']:.1f} | "
+              f"{r['s50']:.3f} / {r['s99']:.3f} / {r['s999']:.3f} | "
               f"{mb(r['rss_idle'])} / {mb(r['rss_peak'])} / {mb(r['hwm'])} | {r['hs']} (n={r['hs_n']}) |")
     by = {r["label"].split()[0] + (" null" if "null" in r["label"] else ""): r for r in rows}
     splice, null, agn = by.get("splice"), by.get("splice null"), by.get("agnhost")
@@ -123,8 +128,13 @@ def table(rows_path, review_bytes, pod_bytes, cpus, loadavg, load_start="?"):
               f"CPU-normalized {ratio:.2f}×")
     if splice:
         for r in rows:
-            print(f"- p99 at half max rate, {r['label']}: {r['p99']:.3f} ms (goal ≤ 1 ms) — "
-                  f"{'met' if r['p99'] <= 1.0 else 'NOT met'}")
+            print(f"- p99 at half max rate, {r['label']}: corrected {r['p99']:.3f} ms — "
+                  f"{'met' if r['p99'] <= 1.0 else 'NOT met'}; service {r['s99']:.3f} ms — "
+                  f"{'met' if r['s99'] <= 1.0 else 'NOT met'} (goal ≤ 1 ms)")
+        if null and null["p99"] > 1.0:
+            print(f"  The null ceiling's corrected p99 is {null['p99']:.3f} ms: the corrected method's "
+                  "floor on this machine (oha's own schedule lagging) is above the goal, so only the "
+                  "service column can show whether a server meets it.")
         print(f"- RSS under load (HWM): {mb(splice['hwm'])} MB (goal ≤ 25 MB) — "
               f"{'met' if splice['hwm'] <= 25 * 1024 else 'NOT met'}")
 
