@@ -313,66 +313,66 @@ pub fn allowed_response(
     patch: Option<&[u8]>,
     warnings: &[String],
 ) -> Vec<u8> {
-    use base64::Engine as _;
-    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let encoded = patch.map(|p| {
+        let mut b64 = Vec::with_capacity(p.len().div_ceil(3) * 4);
+        crate::engine::wire::encode_into(p, &mut b64);
+        b64
+    });
+    allowed_response_base64(api_version, kind, uid, encoded.as_deref(), warnings)
+}
+
+/// Like [`allowed_response`], for a patch already in standard base64 (the engine encodes it with
+/// the patch, mostly from text encoded once per rendering). `patch_base64` is written verbatim.
+pub fn allowed_response_base64(
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+    patch_base64: Option<&[u8]>,
+    warnings: &[String],
+) -> Vec<u8> {
+    const HEAD: &[u8] = br#"{"apiVersion":"#;
+    const PATCH: &[u8] = br#","patchType":"JSONPatch","patch":""#;
+    // Escapes can grow a string 6-fold, but rarely do: size for the plain text, and let the
+    // rare escaped string grow the buffer once.
     let warnings_len: usize = warnings.iter().map(|w| w.len() + 3).sum();
-    let mut out = String::with_capacity(
-        112 + api_version.len() + kind.len() + uid.len() + patch_len + warnings_len,
+    let mut out = Vec::with_capacity(
+        HEAD.len()
+            + 64
+            + PATCH.len()
+            + api_version.len()
+            + kind.len()
+            + uid.len()
+            + patch_base64.map_or(0, <[u8]>::len)
+            + warnings_len,
     );
-    out.push_str(r#"{"apiVersion":"#);
+    out.extend_from_slice(HEAD);
     push_json_str(&mut out, api_version);
-    out.push_str(r#","kind":"#);
+    out.extend_from_slice(br#","kind":"#);
     push_json_str(&mut out, kind);
-    out.push_str(r#","response":{"uid":"#);
+    out.extend_from_slice(br#","response":{"uid":"#);
     push_json_str(&mut out, uid);
-    out.push_str(r#","allowed":true"#);
-    if let Some(patch) = patch {
-        out.push_str(r#","patchType":"JSONPatch","patch":""#);
-        base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
-        out.push('"');
+    out.extend_from_slice(br#","allowed":true"#);
+    if let Some(patch) = patch_base64 {
+        out.extend_from_slice(PATCH);
+        out.extend_from_slice(patch);
+        out.push(b'"');
     }
     if let Some((first, rest)) = warnings.split_first() {
-        out.push_str(r#","warnings":["#);
+        out.extend_from_slice(br#","warnings":["#);
         push_json_str(&mut out, first);
         for w in rest {
-            out.push(',');
+            out.push(b',');
             push_json_str(&mut out, w);
         }
-        out.push(']');
+        out.push(b']');
     }
-    out.push_str("}}");
-    out.into_bytes()
+    out.extend_from_slice(b"}}");
+    out
 }
 
 /// Appends `s` as a JSON string, escaped as serde_json escapes it.
-fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    let mut plain = 0;
-    for (i, b) in s.bytes().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0x08 => "\\b",
-            0x0c => "\\f",
-            0x00..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(s.get(plain..i).unwrap_or_default());
-        if escape.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.push_str("\\u00");
-            out.push(char::from(HEX[usize::from(b >> 4)]));
-            out.push(char::from(HEX[usize::from(b & 0xf)]));
-        } else {
-            out.push_str(escape);
-        }
-        plain = i + 1;
-    }
-    out.push_str(s.get(plain..).unwrap_or_default());
-    out.push('"');
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    crate::engine::wire::push_json_str(out, s);
 }
 
 /// Finds `request.uid` without parsing the body: the benchmark's null handler measures the server
@@ -757,9 +757,12 @@ mod tests {
         let mut every_byte: String = (0u8..0x80).map(char::from).collect();
         every_byte.push_str("é\u{2028}\u{1F600}");
         for s in ["", "u-1", "a\"b\\c", "\u{7f}", every_byte.as_str()] {
-            let mut ours = String::new();
+            let mut ours = Vec::new();
             push_json_str(&mut ours, s);
-            assert_eq!(ours, serde_json::to_string(s).unwrap());
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                serde_json::to_string(s).unwrap()
+            );
         }
         let warnings = ["w\"1".to_owned(), "w2".to_owned()];
         let body = allowed_response(API_VERSION, KIND, "u\n", Some(b"[{}]"), &warnings);

@@ -20,6 +20,7 @@ mod selector;
 mod template;
 mod validate;
 mod view;
+pub(crate) mod wire;
 
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
@@ -271,7 +272,12 @@ pub enum Decision {
 #[derive(Debug)]
 pub struct Injection {
     /// RFC 6902 operations, already serialized as a JSON array; `b"[]"` when nothing changes.
+    /// It may hold spaces between tokens (see `patch_base64`).
     pub patch: Vec<u8>,
+    /// The standard base64 of `patch`, as an AdmissionResponse carries it. Computed with the
+    /// patch because most of it is copied from base64 encoded once per rendering, which is why
+    /// `patch` may be padded with spaces.
+    pub patch_base64: Vec<u8>,
     /// True when `patch` holds at least one operation.
     pub changed: bool,
     /// Human-readable warnings for the AdmissionResponse (injected items, skipped author items).
@@ -510,8 +516,10 @@ fn run(
         status: &status,
         rendered,
     })?;
-    let patch =
-        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let patch::Serialized {
+        json: patch,
+        base64: patch_base64,
+    } = patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     let object = if want_object {
         let mut doc = parse_value(request.object)?;
         patch::apply(&mut doc, &plan.ops).map_err(|e| {
@@ -528,6 +536,7 @@ fn run(
         Decision::Inject(Injection {
             changed: !plan.ops.is_empty(),
             patch,
+            patch_base64,
             warnings: plan.warnings,
         }),
         object,

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use serde_json::Value;
 
 use super::template::RItem;
+use super::wire::Writer;
 
 /// Appends `token` to a JSON pointer, escaping `~` as `~0` and `/` as `~1` (RFC 6901).
 pub(crate) fn push_token(pointer: &mut String, token: &str) {
@@ -52,33 +53,33 @@ pub(crate) enum Op<'x> {
 }
 
 impl OpValue<'_> {
-    fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    fn write(&self, out: &mut Writer) -> Result<(), serde_json::Error> {
         match self {
             OpValue::Item(item) => write_item(item, out)?,
             OpValue::Items(items) => {
-                out.push(b'[');
+                out.byte(b'[');
                 for (i, item) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out.byte(b',');
                     }
                     write_item(item, out)?;
                 }
-                out.push(b']');
+                out.byte(b']');
             }
-            OpValue::Str(s) => serde_json::to_writer(&mut *out, s.as_ref())?,
+            OpValue::Str(s) => out.string(s),
             OpValue::StrMap(entries) => {
-                out.push(b'{');
+                out.byte(b'{');
                 for (i, (k, v)) in entries.iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out.byte(b',');
                     }
-                    serde_json::to_writer(&mut *out, k.as_ref())?;
-                    out.push(b':');
-                    serde_json::to_writer(&mut *out, v.as_ref())?;
+                    out.string(k);
+                    out.byte(b':');
+                    out.string(v);
                 }
-                out.push(b'}');
+                out.byte(b'}');
             }
-            OpValue::EmptyObject => out.extend_from_slice(b"{}"),
+            OpValue::EmptyObject => out.bytes(b"{}"),
         }
         Ok(())
     }
@@ -119,7 +120,7 @@ impl Op<'_> {
 
 impl OpValue<'_> {
     fn size_hint(&self) -> usize {
-        let item = |i: &RItem<'_>| i.json.map_or(256, str::len) + 1;
+        let item = |i: &RItem<'_>| i.json.map_or(256, |j| j.json.len() + 2) + 1;
         match self {
             OpValue::Item(i) => item(i),
             OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),
@@ -135,42 +136,48 @@ impl OpValue<'_> {
     }
 }
 
-fn write_item(item: &RItem<'_>, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+fn write_item(item: &RItem<'_>, out: &mut Writer) -> Result<(), serde_json::Error> {
     match item.json {
-        Some(json) => out.extend_from_slice(json.as_bytes()),
-        None => serde_json::to_writer(&mut *out, item.value.as_ref())?,
+        Some(json) => out.fragment(json),
+        None => out.value(item.value.as_ref())?,
     }
     Ok(())
 }
 
-/// Serializes `ops` as a JSON array.
-pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Vec<u8>, serde_json::Error> {
+/// A patch as JSON text and as the standard base64 of that text (what an AdmissionResponse
+/// carries).
+pub(crate) struct Serialized {
+    pub json: Vec<u8>,
+    pub base64: Vec<u8>,
+}
+
+/// Serializes `ops` as a JSON array, with its base64.
+pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Serialized, serde_json::Error> {
     // Sized from the operations, so that a patch carrying whole containers is written without
     // growing the buffer several times.
     let size: usize = ops.iter().map(Op::size_hint).sum();
-    let mut out = Vec::with_capacity(2 + size);
-    out.push(b'[');
+    let mut out = Writer::with_capacity(2 + size);
+    out.byte(b'[');
     for (i, op) in ops.iter().enumerate() {
         if i > 0 {
-            out.push(b',');
+            out.byte(b',');
         }
-        let (name, path, value) = match op {
-            Op::Add(p, v) => ("add", p, Some(v)),
-            Op::Replace(p, v) => ("replace", p, Some(v)),
-            Op::Remove(p) => ("remove", p, None),
+        let (name, path, value): (&[u8], _, _) = match op {
+            Op::Add(p, v) => (b"{\"op\":\"add\",\"path\":", p, Some(v)),
+            Op::Replace(p, v) => (b"{\"op\":\"replace\",\"path\":", p, Some(v)),
+            Op::Remove(p) => (b"{\"op\":\"remove\",\"path\":", p, None),
         };
-        out.extend_from_slice(b"{\"op\":\"");
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b"\",\"path\":");
-        serde_json::to_writer(&mut out, path)?;
+        out.bytes(name);
+        out.string(path);
         if let Some(v) = value {
-            out.extend_from_slice(b",\"value\":");
+            out.bytes(b",\"value\":");
             v.write(&mut out)?;
         }
-        out.push(b'}');
+        out.byte(b'}');
     }
-    out.push(b']');
-    Ok(out)
+    out.byte(b']');
+    let (json, base64) = out.finish();
+    Ok(Serialized { json, base64 })
 }
 
 /// Why applying an operation failed: a bug in the engine, never a property of the input, since the

@@ -16,6 +16,8 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use splice_crds::InjectionPolicySpec;
 
+use super::wire::{Fragment, FragmentRef};
+
 /// Instructions one rendering may execute.
 pub const FUEL: u64 = 50_000;
 /// Largest template source accepted in one string.
@@ -72,8 +74,8 @@ pub(crate) struct TemplateItem {
     pub field: String,
     /// The item with every static string already rendered.
     base: Value,
-    /// `base` serialized, when nothing is left to render.
-    base_json: Option<String>,
+    /// `base` serialized (with its base64), when nothing is left to render.
+    base_json: Option<Fragment>,
     holes: Vec<Hole>,
     /// `name`, or `mountPath` for volume mounts.
     key_field: &'static str,
@@ -107,8 +109,8 @@ impl TemplateString {
 pub(crate) struct RItem<'t> {
     pub key: Cow<'t, str>,
     pub value: Cow<'t, Value>,
-    /// Pre-serialized JSON of `value`, when it was fully rendered at compile time.
-    pub json: Option<&'t str>,
+    /// Pre-serialized JSON of `value` and its base64, when it does not change between requests.
+    pub json: Option<FragmentRef<'t>>,
     pub field: &'t str,
 }
 
@@ -140,7 +142,7 @@ pub(crate) struct OwnedRendered {
 struct OwnedItem {
     key: String,
     value: Value,
-    json: String,
+    json: Fragment,
     field: String,
 }
 
@@ -153,8 +155,8 @@ impl Rendered<'_> {
                         key: i.key.to_string(),
                         value: i.value.as_ref().clone(),
                         json: match i.json {
-                            Some(json) => json.to_owned(),
-                            None => serde_json::to_string(i.value.as_ref())?,
+                            Some(json) => Fragment::from_ref(json),
+                            None => Fragment::new(&serde_json::to_string(i.value.as_ref())?),
                         },
                         field: i.field.to_owned(),
                     })
@@ -185,7 +187,7 @@ impl OwnedRendered {
                 .map(|i| RItem {
                     key: Cow::Borrowed(i.key.as_str()),
                     value: Cow::Borrowed(&i.value),
-                    json: Some(i.json.as_str()),
+                    json: Some(i.json.as_ref()),
                     field: i.field.as_str(),
                 })
                 .collect()
@@ -413,7 +415,7 @@ impl Templates {
         Ok(RItem {
             key,
             value,
-            json: item.base_json.as_deref(),
+            json: item.base_json.as_ref().map(Fragment::as_ref),
             field: &item.field,
         })
     }
@@ -535,10 +537,12 @@ impl Compiler {
                 Some(key)
             };
             let base_json = if holes.is_empty() {
-                Some(serde_json::to_string(&base).map_err(|e| TemplateError {
-                    field: field.clone(),
-                    message: format!("cannot be serialized: {e}"),
-                })?)
+                Some(Fragment::new(&serde_json::to_string(&base).map_err(
+                    |e| TemplateError {
+                        field: field.clone(),
+                        message: format!("cannot be serialized: {e}"),
+                    },
+                )?))
             } else {
                 None
             };

@@ -269,7 +269,7 @@ impl Handler {
                     }
                 }
                 let (patch, outcome) = if injection.changed {
-                    (Some(injection.patch.as_slice()), Outcome::Injected)
+                    (Some(injection.patch_base64.as_slice()), Outcome::Injected)
                 } else {
                     (None, Outcome::Unchanged)
                 };
@@ -317,12 +317,13 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
     essence.eq_ignore_ascii_case("application/json")
 }
 
-fn allow(review: &Review<'_>, patch: Option<&[u8]>, warnings: &[String]) -> HttpResponse {
-    let body = admission::allowed_response(
+/// `patch_base64`: the engine's patch, already base64-encoded.
+fn allow(review: &Review<'_>, patch_base64: Option<&[u8]>, warnings: &[String]) -> HttpResponse {
+    let body = admission::allowed_response_base64(
         &review.api_version,
         &review.kind,
         &review.uid,
-        patch,
+        patch_base64,
         warnings,
     );
     json(body)
