@@ -195,7 +195,7 @@ fn cpu_table() {
         });
         let validated = splice_webhook::json::validate(pod).expect("fixture is JSON");
         let patch = best(n, &mut |_| {
-            let _ = std::hint::black_box(inject_validated(&warm, &req, validated));
+            let _ = std::hint::black_box(inject_validated(&warm, &req, &validated));
         });
         let checked = best(n, &mut |_| {
             let _ = std::hint::black_box(inject(&warm, &req));
@@ -243,7 +243,7 @@ fn calls_only(n: u32) {
             let _ = std::hint::black_box(inject_validated(
                 &warm,
                 std::hint::black_box(&req),
-                validated,
+                &validated,
             ));
         }
     }

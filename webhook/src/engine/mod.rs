@@ -402,7 +402,7 @@ pub fn inject(policy: &CompiledPolicy, request: &PodRequest<'_>) -> Result<Decis
 pub fn inject_validated(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
-    object: Validated<'_>,
+    object: &Validated<'_>,
 ) -> Result<Decision, EngineError> {
     Ok(run(policy, request, Some(object), false)?.0)
 }
@@ -411,9 +411,9 @@ pub fn inject_validated(
 /// is JSON: the proof must cover the same bytes, not merely equal ones.
 fn read_view<'a>(
     request: &PodRequest<'a>,
-    validated: Option<Validated<'_>>,
+    validated: Option<&'a Validated<'_>>,
 ) -> Result<PodView<'a>, crate::json::Error> {
-    match validated.and_then(|v| v.covering(request.object)) {
+    match validated.filter(|v| v.covers(request.object)) {
         Some(v) => view::from_validated(v),
         None => view::from_str(request.object),
     }
@@ -472,7 +472,7 @@ fn precheck(
 fn run(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
-    validated: Option<Validated<'_>>,
+    validated: Option<&Validated<'_>>,
     want_object: bool,
 ) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
     let view: PodView<'_> =

@@ -31,7 +31,7 @@ pub(crate) fn from_str<'a, T: FromJson<'a>>(text: &'a str) -> Result<T, Error> {
 
 /// Reads a whole validated document: fields are read as by [`from_str`], everything else is
 /// skipped without re-checking it.
-pub(crate) fn from_validated<'a, T: FromJson<'a>>(text: Validated<'a>) -> Result<T, Error> {
+pub(crate) fn from_validated<'a, T: FromJson<'a>>(text: &'a Validated<'_>) -> Result<T, Error> {
     Cursor::trusted(text).document(T::read)
 }
 
@@ -385,25 +385,19 @@ pub mod oracle {
         }
     }
 
-    /// Reads `text` as every view with the cursor and with serde; an error describes the first
-    /// disagreement (in acceptance or in what was read).
+    /// Reads `text` as every view with the cursor and with serde, and, when `text` is JSON, with
+    /// the trusted cursor over its validation too; an error describes the first disagreement (in
+    /// acceptance or in what was read).
     pub fn check(text: &str) -> Result<(), String> {
         same::<PodView<'_>>(text)?;
         same::<RawPodView<'_>>(text)?;
         same::<RawContainerView<'_>>(text)?;
         same::<ContainerView<'_>>(text)?;
-        same::<Option<Str<'_>>>(text)
+        same::<Option<Str<'_>>>(text)?;
+        trusted_agrees(text).unwrap_or(Ok(()))
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::json::tests::{SEEDS, mutated};
-
-    fn same_trusted<'a, T>(text: &'a str, v: Validated<'a>) -> Result<(), String>
+    fn same_trusted<'a, T>(text: &'a str, v: &'a Validated<'a>) -> Result<(), String>
     where
         T: FromJson<'a> + PartialEq + fmt::Debug,
     {
@@ -421,16 +415,25 @@ mod tests {
 
     /// Every view, read from valid `text` by the validating and by the trusted cursor. `None`
     /// when the text is not JSON (nothing to compare).
-    fn trusted_agrees(text: &str) -> Option<Result<(), String>> {
+    pub fn trusted_agrees(text: &str) -> Option<Result<(), String>> {
         let v = crate::json::validate(text).ok()?;
         Some((|| {
-            same_trusted::<PodView<'_>>(text, v)?;
-            same_trusted::<RawPodView<'_>>(text, v)?;
-            same_trusted::<RawContainerView<'_>>(text, v)?;
-            same_trusted::<ContainerView<'_>>(text, v)?;
-            same_trusted::<Option<Str<'_>>>(text, v)
+            same_trusted::<PodView<'_>>(text, &v)?;
+            same_trusted::<RawPodView<'_>>(text, &v)?;
+            same_trusted::<RawContainerView<'_>>(text, &v)?;
+            same_trusted::<ContainerView<'_>>(text, &v)?;
+            same_trusted::<Option<Str<'_>>>(text, &v)
         })())
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::oracle::trusted_agrees;
+    use super::*;
+    use crate::json::tests::{SEEDS, mutated};
 
     /// Any JSON value, with strings full of what a skip must step over: quotes, backslashes,
     /// brackets, control characters (escaped when serialized) and non-ASCII.
@@ -533,7 +536,8 @@ mod tests {
         let text = r#"{"x":"a\"}]\\","spec":{"y":["]","\"",{"z":-1.5e3}],"containers":[{"q":1e2,
             "name":"c\u00e9","w":[true,false,null]}]},"metadata":{"labels":{"k":"v\n"}}}"#;
         trusted_agrees(text).unwrap().unwrap();
-        let pod: PodView<'_> = from_validated(crate::json::validate(text).unwrap()).unwrap();
+        let v = crate::json::validate(text).unwrap();
+        let pod: PodView<'_> = from_validated(&v).unwrap();
         let c = &pod.spec.unwrap().containers.unwrap()[0];
         assert_eq!(c.name(), "c\u{e9}");
     }

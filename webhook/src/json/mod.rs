@@ -100,26 +100,135 @@ impl std::error::Error for Error {}
 
 /// Validates `text` as one JSON value, as `serde_json::from_str::<IgnoredAny>` would.
 pub fn validate(text: &str) -> Result<Validated<'_>, Error> {
-    Cursor::new(text).document(Cursor::skip_value)?;
-    Ok(Validated(text))
+    let mut index = Index::take();
+    let mut c = Cursor::new(text);
+    c.skip_indexed(0, &mut index)?;
+    c.finish()?;
+    Ok(Validated { text, index })
 }
 
-/// Text this module has checked to be exactly one JSON value (surrounding whitespace aside).
-/// Only [`validate`] and [`Cursor::validated_value`] make one, so holding one proves the check
-/// ran: a cursor over it ([`Cursor::trusted`]) skips uninteresting values without re-checking
-/// them, while strings it reads are still decoded in full.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Validated<'a>(&'a str);
+/// Text this module has checked to be exactly one JSON value (surrounding whitespace aside), with
+/// the index of its containers the check built. Only [`validate`] and [`Cursor::validated_value`]
+/// make one, so holding one proves the check ran: a cursor over it ([`Cursor::trusted`]) skips
+/// uninteresting values without re-checking them (a container by one index lookup), while
+/// strings it reads are still decoded in full.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Validated<'a> {
+    text: &'a str,
+    index: Index,
+}
 
 impl<'a> Validated<'a> {
     pub fn get(&self) -> &'a str {
-        self.0
+        self.text
     }
 
-    /// The proof for `text`, borrowed for as long as `text` is, when `text` is the very slice
-    /// this proof covers (same address and length; equal bytes elsewhere are not enough).
-    pub fn covering<'b>(self, text: &'b str) -> Option<Validated<'b>> {
-        std::ptr::eq(self.0, text).then_some(Validated(text))
+    /// True when `text` is the very slice this proof covers (same address and length; equal
+    /// bytes elsewhere are not enough).
+    pub fn covers(&self, text: &str) -> bool {
+        std::ptr::eq(self.text, text)
+    }
+
+    /// How many containers (objects and arrays) the value holds, itself included.
+    pub fn containers(&self) -> usize {
+        self.index.spans.len()
+    }
+}
+
+/// One container of validated text, by offsets from the text's start: where it opens, the offset
+/// just past its closing bracket, and the ordinal (in document order of openings) of the first
+/// container after it, so that a skip also knows how many containers it passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    open: u32,
+    end: u32,
+    after: u32,
+}
+
+/// The containers of a validated text in document order of their openings. Its buffer goes back
+/// to a per-thread spare when dropped, so a request reuses the previous one's allocation.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+struct Index {
+    spans: Vec<Span>,
+}
+
+thread_local! {
+    static SPARE: std::cell::Cell<Vec<Span>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Index {
+    fn take() -> Self {
+        let mut spans = SPARE.try_with(std::cell::Cell::take).unwrap_or_default();
+        spans.clear();
+        Index { spans }
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        let spans = std::mem::take(&mut self.spans);
+        if spans.capacity() == 0 {
+            return;
+        }
+        // Keep the larger buffer of the two; a thread being torn down just frees it.
+        let _ = SPARE.try_with(|spare| {
+            let other = spare.replace(spans);
+            if other.capacity() > 0 {
+                let mine = spare.take();
+                spare.set(if mine.capacity() >= other.capacity() {
+                    mine
+                } else {
+                    other
+                });
+            }
+        });
+    }
+}
+
+/// What the checking skip reports about the containers it passes.
+trait Record {
+    fn open(&mut self, at: usize);
+    fn close(&mut self, end: usize);
+}
+
+/// Records nothing: the skips of values no one will read again.
+struct NoRecord;
+
+impl Record for NoRecord {
+    #[inline(always)]
+    fn open(&mut self, _: usize) {}
+    #[inline(always)]
+    fn close(&mut self, _: usize) {}
+}
+
+/// Builds an [`Index`]. While a container is open its span's `end` holds the ordinal of the
+/// container around it, so no separate stack is needed.
+struct Builder<'i> {
+    base: usize,
+    spans: &'i mut Vec<Span>,
+    current: u32,
+}
+
+impl Record for Builder<'_> {
+    #[inline(always)]
+    fn open(&mut self, at: usize) {
+        let parent = self.current;
+        self.current = self.spans.len() as u32;
+        self.spans.push(Span {
+            open: (at - self.base) as u32,
+            end: parent,
+            after: 0,
+        });
+    }
+
+    #[inline(always)]
+    fn close(&mut self, end: usize) {
+        let after = self.spans.len() as u32;
+        if let Some(span) = self.spans.get_mut(self.current as usize) {
+            self.current = span.end;
+            span.end = (end - self.base) as u32;
+            span.after = after;
+        }
     }
 }
 
@@ -241,6 +350,11 @@ pub struct Cursor<'a> {
     pos: usize,
     /// Set only from a [`Validated`]: skipping then finds value ends without checking grammar.
     trusted: bool,
+    /// The containers of a trusted text (empty otherwise).
+    spans: &'a [Span],
+    /// The ordinal of the next container to open, kept in step by [`Cursor::object`],
+    /// [`Cursor::array`] and skips: the next container skipped is then found at once.
+    ordinal: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -249,16 +363,20 @@ impl<'a> Cursor<'a> {
             text,
             pos: 0,
             trusted: false,
+            spans: &[],
+            ordinal: 0,
         }
     }
 
     /// A cursor over already-validated text. Readers behave as over [`Cursor::new`] on it
     /// (valid input reads the same either way); only skipping is cheaper.
-    pub fn trusted(text: Validated<'a>) -> Self {
+    pub fn trusted(text: &'a Validated<'_>) -> Self {
         Cursor {
-            text: text.0,
+            text: text.text,
             pos: 0,
             trusted: true,
+            spans: &text.index.spans,
+            ordinal: 0,
         }
     }
 
@@ -606,6 +724,7 @@ impl<'a> Cursor<'a> {
         match self.peek() {
             Some(b'{') => {
                 self.pos += 1;
+                self.ordinal += 1;
                 Ok(Members { first: true })
             }
             _ => Err(self.wrong_type("an object")),
@@ -650,6 +769,7 @@ impl<'a> Cursor<'a> {
         match self.peek() {
             Some(b'[') => {
                 self.pos += 1;
+                self.ordinal += 1;
                 Ok(Members { first: true })
             }
             _ => Err(self.wrong_type("an array")),
@@ -692,10 +812,27 @@ impl<'a> Cursor<'a> {
         // Always the checking skip, so a trusted cursor cannot mint proofs of its own.
         self.peek();
         let start = self.pos;
-        self.skip_checked()?;
-        Ok(Validated(
-            self.text.get(start..self.pos).unwrap_or_default(),
-        ))
+        let mut index = Index::take();
+        self.skip_indexed(start, &mut index)?;
+        Ok(Validated {
+            text: self.text.get(start..self.pos).unwrap_or_default(),
+            index,
+        })
+    }
+
+    /// The checking skip of the value at the cursor, recording its containers into `index` by
+    /// offsets from `base`, where the validated text starts. Past 4 GiB offsets would not fit:
+    /// no index then, and the trusted cursor scans instead.
+    fn skip_indexed(&mut self, base: usize, index: &mut Index) -> Result<(), Error> {
+        if u32::try_from(self.text.len()).is_err() {
+            return self.skip_checked(&mut NoRecord);
+        }
+        let mut builder = Builder {
+            base,
+            spans: &mut index.spans,
+            current: u32::MAX,
+        };
+        self.skip_checked(&mut builder)
     }
 
     /// Skips the next value, checking it is JSON. Iterative: nesting depth costs a bit per level,
@@ -706,7 +843,27 @@ impl<'a> Cursor<'a> {
             self.skip_trusted();
             return Ok(());
         }
-        self.skip_checked()
+        self.skip_checked(&mut NoRecord)
+    }
+
+    /// The span of the container opening at `pos`: the next one in order when the cursor is in
+    /// step, else found by its position (a reader opened a container some other way).
+    #[inline(always)]
+    fn span_at(&self, pos: usize) -> Option<Span> {
+        let spans = self.spans;
+        match spans.get(self.ordinal) {
+            Some(s) if s.open as usize == pos => Some(*s),
+            _ => self.span_by_position(pos),
+        }
+    }
+
+    #[cold]
+    fn span_by_position(&self, pos: usize) -> Option<Span> {
+        let i = self
+            .spans
+            .binary_search_by_key(&pos, |s| s.open as usize)
+            .ok()?;
+        self.spans.get(i).copied()
     }
 
     /// Skips a value of validated text: strings end at the first unescaped `"`, containers when
@@ -721,6 +878,11 @@ impl<'a> Cursor<'a> {
                 self.skip_trusted_string();
             }
             Some(b'[' | b'{') => {
+                if let Some(span) = self.span_at(self.pos) {
+                    self.pos = span.end as usize;
+                    self.ordinal = span.after as usize;
+                    return;
+                }
                 self.pos += 1;
                 // Only strings and brackets matter inside a container: one test per byte
                 // instead of a token dispatch per member.
@@ -781,7 +943,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn skip_checked(&mut self) -> Result<(), Error> {
+    fn skip_checked<R: Record>(&mut self, rec: &mut R) -> Result<(), Error> {
         let mut frames = Frames::new();
         // The innermost container, kept out of `frames`: it is consulted after every value.
         let mut top: Option<bool> = None;
@@ -797,9 +959,11 @@ impl<'a> Cursor<'a> {
                 Some(b't') => self.literal(b"true", "true")?,
                 Some(b'f') => self.literal(b"false", "false")?,
                 Some(b'[') => {
+                    rec.open(self.pos);
                     self.pos += 1;
                     if self.peek() == Some(b']') {
                         self.pos += 1;
+                        rec.close(self.pos);
                     } else {
                         frames.push(false);
                         top = Some(false);
@@ -807,9 +971,13 @@ impl<'a> Cursor<'a> {
                     }
                 }
                 Some(b'{') => {
+                    rec.open(self.pos);
                     self.pos += 1;
                     match self.peek() {
-                        Some(b'}') => self.pos += 1,
+                        Some(b'}') => {
+                            self.pos += 1;
+                            rec.close(self.pos);
+                        }
                         Some(b'"') => {
                             frames.push(true);
                             top = Some(true);
@@ -842,11 +1010,13 @@ impl<'a> Cursor<'a> {
                     }
                     Some(b']') if !object => {
                         self.pos += 1;
+                        rec.close(self.pos);
                         frames.pop();
                         top = frames.top();
                     }
                     Some(b'}') if object => {
                         self.pos += 1;
+                        rec.close(self.pos);
                         frames.pop();
                         top = frames.top();
                     }

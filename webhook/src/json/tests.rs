@@ -359,3 +359,121 @@ fn errors_name_the_offset_and_the_class_without_echoing_input() {
     assert_eq!((e.kind(), e.offset()), (ErrorKind::Syntax, 2));
     assert!(serde_accepts("[1]"));
 }
+
+/// Walks every value of a trusted cursor's document. At each it compares the trusted skip with
+/// the checking skip from the same place, and checks the cursor is in step with the index at
+/// every container (a lookup by position would hide a wrong ordinal). Some containers are read
+/// (`object`/`array`, as the views do), the others skipped whole, so the ordinal moves both ways.
+fn walk(c: &mut Cursor<'_>, text: &str) -> Result<(), String> {
+    let at = {
+        c.peek();
+        c.pos
+    };
+    let mut checked = Cursor::new(text);
+    checked.pos = at;
+    checked
+        .skip_value()
+        .map_err(|e| format!("the checking skip failed at {at}: {e}"))?;
+    let mut trusted = c.clone();
+    trusted.skip_value().map_err(|e| e.to_string())?;
+    if trusted.pos != checked.pos {
+        return Err(format!(
+            "at {at}: the trusted skip ends at {}, the checking one at {}",
+            trusted.pos, checked.pos
+        ));
+    }
+    let byte = c.peek();
+    if matches!(byte, Some(b'{' | b'[')) {
+        match c.spans.get(c.ordinal) {
+            Some(s) if s.open as usize == at => {}
+            other => return Err(format!("at {at}: out of step, the next span is {other:?}")),
+        }
+    }
+    let read = at % 3 != 0;
+    match byte {
+        Some(b'{') if read => {
+            let mut m = c.object().map_err(|e| e.to_string())?;
+            while c.key(&mut m).map_err(|e| e.to_string())?.is_some() {
+                walk(c, text)?;
+            }
+        }
+        Some(b'[') if read => {
+            let mut m = c.array().map_err(|e| e.to_string())?;
+            while c.item(&mut m).map_err(|e| e.to_string())? {
+                walk(c, text)?;
+            }
+        }
+        _ => c.skip_value().map_err(|e| e.to_string())?,
+    }
+    if c.pos != checked.pos {
+        return Err(format!(
+            "at {at}: reading ends at {}, the checking skip at {}",
+            c.pos, checked.pos
+        ));
+    }
+    Ok(())
+}
+
+/// `None` when `text` is not JSON; else whether every indexed skip of it lands where the checking
+/// skip lands.
+fn indexed_skips_agree(text: &str) -> Option<Result<(), String>> {
+    let v = validate(text).ok()?;
+    let mut c = Cursor::trusted(&v);
+    Some(walk(&mut c, text).and_then(|()| c.finish().map_err(|e| e.to_string())))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn indexed_skips_of_mutated_documents_land_where_checking_skips_land(doc in mutated()) {
+        if let Some(Err(e)) = indexed_skips_agree(&doc) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn indexed_skips_of_arbitrary_json_land_where_checking_skips_land(
+        text in "[\\[\\]{}\",:\\\\ 0-9.eE+\\-truefalsn\u{e9}]{0,40}"
+    ) {
+        if let Some(Err(e)) = indexed_skips_agree(&text) {
+            prop_assert!(false, "{} on {:?}", e, text);
+        }
+    }
+}
+
+#[test]
+fn indexed_skips_of_the_fixtures_land_where_checking_skips_land() {
+    for seed in SEEDS {
+        indexed_skips_agree(seed).unwrap().unwrap();
+    }
+    for text in [
+        "[]",
+        " { } ",
+        r#"[[],{},[[{}]],{"a":[1,{"b":"}]"}]}]"#,
+        &format!("{}{}", "[".repeat(300), "]".repeat(300)),
+    ] {
+        indexed_skips_agree(text).unwrap().unwrap();
+        assert!(validate(text).unwrap().containers() > 0);
+    }
+}
+
+#[test]
+fn a_validated_value_indexes_its_containers_from_its_own_start() {
+    let text = r#"{"skip":[{"x":1}],"object":{"a":[{"b":2}],"c":{}} }"#;
+    let mut c = Cursor::new(text);
+    let mut m = c.object().unwrap();
+    let mut proof = None;
+    while let Some(k) = c.key(&mut m).unwrap() {
+        if k == "object" {
+            proof = Some(c.validated_value().unwrap());
+        } else {
+            c.skip_value().unwrap();
+        }
+    }
+    let proof = proof.unwrap();
+    assert_eq!(proof.get(), r#"{"a":[{"b":2}],"c":{}}"#);
+    assert_eq!(proof.containers(), 4);
+    let mut t = Cursor::trusted(&proof);
+    walk(&mut t, proof.get()).unwrap();
+}

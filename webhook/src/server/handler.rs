@@ -236,7 +236,7 @@ impl Handler {
         let Some(operation) = review.operation.injectable() else {
             return skip(SkipReason::OperationNotConfigured);
         };
-        let Some(object) = review.object else {
+        let Some(object) = review.object.as_ref() else {
             // parse_review refuses a pod CREATE/UPDATE without an object; stay total anyway.
             return skip(SkipReason::NotAPod);
         };
