@@ -24,12 +24,143 @@ pub(crate) fn push_token(pointer: &mut String, token: &str) {
     }
 }
 
+#[cfg(test)]
 pub(crate) fn pointer(tokens: &[&str]) -> String {
     let mut p = String::new();
     for t in tokens {
         push_token(&mut p, t);
     }
     p
+}
+
+/// Where an operation applies, kept in pieces so that no pointer is formatted per request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Path<'x> {
+    /// A pointer needing no escape.
+    Fixed(&'static str),
+    /// `{base}/{index}`.
+    Index(&'static str, usize),
+    /// `/spec/containers/{index}{suffix}`.
+    Container(usize, &'static str),
+    /// `/spec/containers/{index}{suffix}/{index}`.
+    ContainerIndex(usize, &'static str, usize),
+    /// `{base}/{key}`, the key escaped as RFC 6901 says.
+    Key(&'static str, Cow<'x, str>),
+}
+
+impl Path<'_> {
+    /// Writes the pointer as a JSON string.
+    fn write(&self, out: &mut Writer) {
+        out.byte(b'"');
+        match self {
+            Path::Fixed(p) => out.string_body(p),
+            Path::Index(base, i) => {
+                out.string_body(base);
+                out.byte(b'/');
+                out.decimal(*i);
+            }
+            Path::Container(i, suffix) => {
+                out.bytes(b"/spec/containers/");
+                out.decimal(*i);
+                out.string_body(suffix);
+            }
+            Path::ContainerIndex(ci, suffix, i) => {
+                out.bytes(b"/spec/containers/");
+                out.decimal(*ci);
+                out.string_body(suffix);
+                out.byte(b'/');
+                out.decimal(*i);
+            }
+            Path::Key(base, key) => {
+                out.string_body(base);
+                out.byte(b'/');
+                let mut rest: &str = key;
+                while let Some(at) = rest.find(['~', '/']) {
+                    out.string_body(&rest[..at]);
+                    out.bytes(if rest.as_bytes()[at] == b'~' {
+                        b"~0"
+                    } else {
+                        b"~1"
+                    });
+                    rest = &rest[at + 1..];
+                }
+                out.string_body(rest);
+            }
+        }
+        out.byte(b'"');
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Path::Fixed(p) => p.len(),
+            Path::Index(base, _) => base.len() + 4,
+            Path::Container(_, suffix) => 20 + suffix.len(),
+            Path::ContainerIndex(_, suffix, _) => 24 + suffix.len(),
+            Path::Key(base, key) => base.len() + 1 + key.len(),
+        }
+    }
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Fixed(p) => f.write_str(p),
+            Path::Index(base, i) => write!(f, "{base}/{i}"),
+            Path::Container(i, suffix) => write!(f, "/spec/containers/{i}{suffix}"),
+            Path::ContainerIndex(ci, suffix, i) => {
+                write!(f, "/spec/containers/{ci}{suffix}/{i}")
+            }
+            Path::Key(base, key) => {
+                let mut p = (*base).to_owned();
+                push_token(&mut p, key);
+                f.write_str(&p)
+            }
+        }
+    }
+}
+
+/// A string value: as is, or already escaped for a JSON string (the status annotation, written
+/// escaped in the first place because it is JSON inside a JSON string).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Text<'x> {
+    Plain(Cow<'x, str>),
+    /// The body of a JSON string literal (without its quotes), UTF-8.
+    Escaped(Vec<u8>),
+}
+
+impl Text<'_> {
+    fn write(&self, out: &mut Writer) {
+        match self {
+            Text::Plain(s) => out.string(s),
+            Text::Escaped(body) => {
+                out.byte(b'"');
+                out.bytes(body);
+                out.byte(b'"');
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Text::Plain(s) => s.len(),
+            Text::Escaped(s) => s.len(),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Text::Plain(s) => Value::String(s.to_string()),
+            // Only the offline path applies the patch; the engine wrote this escape itself.
+            Text::Escaped(body) => {
+                let mut quoted = Vec::with_capacity(body.len() + 2);
+                quoted.push(b'"');
+                quoted.extend_from_slice(body);
+                quoted.push(b'"');
+                serde_json::from_slice(&quoted)
+                    .unwrap_or_else(|e| Value::String(format!("unreadable escaped text: {e}")))
+            }
+        }
+    }
 }
 
 /// A value in an operation, kept borrowed until serialization.
@@ -39,17 +170,17 @@ pub(crate) enum OpValue<'x> {
     Item(&'x RItem<'x>),
     /// A new array of rendered items (the parent list was absent).
     Items(Vec<&'x RItem<'x>>),
-    Str(Cow<'x, str>),
+    Str(Text<'x>),
     /// A new object of string values (labels or annotations that were absent).
-    StrMap(Vec<(Cow<'x, str>, Cow<'x, str>)>),
+    StrMap(Vec<(Cow<'x, str>, Text<'x>)>),
     EmptyObject,
 }
 
 #[derive(Debug)]
 pub(crate) enum Op<'x> {
-    Add(String, OpValue<'x>),
-    Replace(String, OpValue<'x>),
-    Remove(String),
+    Add(Path<'x>, OpValue<'x>),
+    Replace(Path<'x>, OpValue<'x>),
+    Remove(Path<'x>),
 }
 
 impl OpValue<'_> {
@@ -66,7 +197,7 @@ impl OpValue<'_> {
                 }
                 out.byte(b']');
             }
-            OpValue::Str(s) => out.string(s),
+            OpValue::Str(s) => s.write(out),
             OpValue::StrMap(entries) => {
                 out.byte(b'{');
                 for (i, (k, v)) in entries.iter().enumerate() {
@@ -75,7 +206,7 @@ impl OpValue<'_> {
                     }
                     out.string(k);
                     out.byte(b':');
-                    out.string(v);
+                    v.write(out);
                 }
                 out.byte(b'}');
             }
@@ -90,11 +221,11 @@ impl OpValue<'_> {
             OpValue::Items(items) => {
                 Value::Array(items.iter().map(|i| i.value.as_ref().clone()).collect())
             }
-            OpValue::Str(s) => Value::String(s.to_string()),
+            OpValue::Str(s) => s.to_value(),
             OpValue::StrMap(entries) => Value::Object(
                 entries
                     .iter()
-                    .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                    .map(|(k, v)| (k.to_string(), v.to_value()))
                     .collect(),
             ),
             OpValue::EmptyObject => Value::Object(Default::default()),
@@ -168,7 +299,7 @@ pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Serialized, serde_json::Error>
             Op::Remove(p) => (b"{\"op\":\"remove\",\"path\":", p, None),
         };
         out.bytes(name);
-        out.string(path);
+        path.write(&mut out);
         if let Some(v) = value {
             out.bytes(b",\"value\":");
             v.write(&mut out)?;
@@ -200,6 +331,7 @@ pub(crate) fn apply(doc: &mut Value, ops: &[Op<'_>]) -> Result<(), ApplyError> {
             Op::Add(p, v) | Op::Replace(p, v) => (p, Some(v)),
             Op::Remove(p) => (p, None),
         };
+        let path = path.to_string();
         let (parent_path, last) = path
             .rsplit_once('/')
             .ok_or_else(|| ApplyError(format!("invalid path {path}")))?;
@@ -223,16 +355,16 @@ pub(crate) fn apply(doc: &mut Value, ops: &[Op<'_>]) -> Result<(), ApplyError> {
                 if last == "-" {
                     items.push(v);
                 } else {
-                    let i = index(&last, items.len() + 1, path)?;
+                    let i = index(&last, items.len() + 1, &path)?;
                     items.insert(i, v);
                 }
             }
             (Op::Replace(..), Value::Array(items)) => {
-                let i = index(&last, items.len(), path)?;
+                let i = index(&last, items.len(), &path)?;
                 items[i] = value.map(OpValue::to_value).unwrap_or_default();
             }
             (Op::Remove(_), Value::Array(items)) => {
-                let i = index(&last, items.len(), path)?;
+                let i = index(&last, items.len(), &path)?;
                 items.remove(i);
             }
             _ => return Err(ApplyError(format!("parent of {path} is not a container"))),

@@ -8,13 +8,13 @@
 //! touched, and an injected item of the same name is skipped with a warning.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use serde_json::Value;
 use splice_crds::{Operation, STATUS_ANNOTATION};
 
-use super::patch::{Op, OpValue, pointer, push_token};
-use super::provenance::ProvenanceEntry;
+use super::patch::{Op, OpValue, Path, Text};
+use super::provenance::{EntryRef, Names, ProvenanceEntry, push_name};
 use super::template::{RItem, Rendered};
 use super::view::{
     self, ContainerView, Entries, Named, PodView, Raw, RawContainerView, RawPodView, Str,
@@ -191,28 +191,77 @@ impl<'x> ListPlan<'x> {
             changed: !same,
         })
     }
-
-    fn keys(&self) -> Vec<String> {
-        self.add.iter().map(|i| i.key.to_string()).collect()
-    }
 }
 
 /// Renders a list of names for a warning, cut after a few.
-fn names<S: AsRef<str>>(items: &[S]) -> String {
-    const SHOWN: usize = 6;
-    let mut s = items
-        .iter()
-        .take(SHOWN)
-        .map(|i| i.as_ref())
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > SHOWN {
-        s.push_str(&format!(" and {} more", items.len() - SHOWN));
-    }
+fn names<'s>(items: impl ExactSizeIterator<Item = &'s str>) -> String {
+    let mut s = String::new();
+    push_names(&mut s, items);
     s
 }
 
-pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError> {
+/// Appends a list of names for a warning, cut after a few.
+fn push_names<'s>(out: &mut String, items: impl ExactSizeIterator<Item = &'s str>) {
+    const SHOWN: usize = 6;
+    let total = items.len();
+    for (i, name) in items.take(SHOWN).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+    }
+    if total > SHOWN {
+        out.push_str(" and ");
+        out.push_str(&(total - SHOWN).to_string());
+        out.push_str(" more");
+    }
+}
+
+/// The "injected: …" summary, one part per kind of item, built in one string.
+#[derive(Default)]
+struct Summary(String);
+
+impl Summary {
+    fn part<'s>(&mut self, what: &str, items: impl ExactSizeIterator<Item = &'s str>) {
+        if !self.0.is_empty() {
+            self.0.push_str("; ");
+        }
+        self.0.push_str(what);
+        push_names(&mut self.0, items);
+    }
+}
+
+/// One appended list of the pod: a list of `spec`, or a list of application container `ci`.
+#[derive(Clone, Copy)]
+enum List {
+    /// The list's pointer, and that pointer with `/-`.
+    Spec(&'static str, &'static str),
+    /// `/spec/containers/{ci}` + suffix, and the suffix with `/-`.
+    Container(usize, &'static str, &'static str),
+}
+
+impl List {
+    fn whole(self) -> Path<'static> {
+        match self {
+            List::Spec(p, _) => Path::Fixed(p),
+            List::Container(ci, suffix, _) => Path::Container(ci, suffix),
+        }
+    }
+    fn index(self, i: usize) -> Path<'static> {
+        match self {
+            List::Spec(p, _) => Path::Index(p, i),
+            List::Container(ci, suffix, _) => Path::ContainerIndex(ci, suffix, i),
+        }
+    }
+    fn append(self) -> Path<'static> {
+        match self {
+            List::Spec(_, p) => Path::Fixed(p),
+            List::Container(ci, _, suffix) => Path::Container(ci, suffix),
+        }
+    }
+}
+
+pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError> {
     let PlanInput {
         policy,
         hash,
@@ -233,12 +282,12 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
     let empty = ProvenanceEntry::default();
     let rec = mine.unwrap_or(&empty);
 
-    let mut new_entry = ProvenanceEntry {
-        hash: hash.to_owned(),
-        ..ProvenanceEntry::default()
+    let mut new_entry = EntryRef {
+        hash,
+        ..EntryRef::default()
     };
     let mut spec_ops: Vec<Op<'x>> = Vec::new();
-    let mut injected: Vec<String> = Vec::new();
+    let mut injected = Summary::default();
     let mut any_list_changed = false;
 
     if operation == Operation::Create {
@@ -300,37 +349,34 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         let init = ListPlan::new(ours, desired, hash_same, |i| {
             Ok(raw_at(raw_spec.and_then(|s| s.init_containers.as_ref()), i))
         })?;
-        new_entry.init_containers = init.keys();
         if init.changed {
             for &i in init.remove.iter().rev() {
-                spec_ops.push(Op::Remove(format!("/spec/initContainers/{i}")));
+                spec_ops.push(Op::Remove(Path::Index("/spec/initContainers", i)));
             }
             let absent = spec.and_then(|s| s.init_containers.as_ref()).is_none();
             if absent && !init.add.is_empty() {
                 spec_ops.push(Op::Add(
-                    "/spec/initContainers".into(),
+                    Path::Fixed("/spec/initContainers"),
                     OpValue::Items(init.add.clone()),
                 ));
             } else if !absent {
                 for (k, item) in init.add.iter().enumerate() {
                     spec_ops.push(Op::Add(
-                        format!("/spec/initContainers/{k}"),
+                        Path::Index("/spec/initContainers", k),
                         OpValue::Item(item),
                     ));
                 }
             }
             if !init.add.is_empty() {
-                injected.push(format!(
-                    "init containers {}",
-                    names(&new_entry.init_containers)
-                ));
+                injected.part("init containers ", init.add.iter().map(|i| i.key.as_ref()));
             }
         }
+        new_entry.init_containers = Names::Items(init.add);
 
         // Env and volume mounts, per application container (not injected ones, by any policy).
         let others = status.others_containers(policy);
-        let mut env_kept: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        let mut mount_kept: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut env_kept: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut mount_kept: Vec<(&str, Vec<&str>)> = Vec::new();
         let mut env_into: Vec<&str> = Vec::new();
         let mut mounts_into: Vec<&str> = Vec::new();
         if !rendered.env.is_empty()
@@ -366,17 +412,21 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                         }
                     }
                 }
-                let desired: Vec<&RItem<'x>> = rendered
-                    .env
-                    .iter()
-                    .filter(|e| {
-                        let t = taken.contains(&e.key.as_ref());
-                        if t {
-                            env_kept.entry(cname).or_default().push(e.key.as_ref());
-                        }
-                        !t
-                    })
-                    .collect();
+                let desired: Vec<&RItem<'x>> = if taken.is_empty() {
+                    rendered.env.iter().collect()
+                } else {
+                    rendered
+                        .env
+                        .iter()
+                        .filter(|e| {
+                            let t = taken.contains(&e.key.as_ref());
+                            if t {
+                                kept(&mut env_kept, cname, e.key.as_ref());
+                            }
+                            !t
+                        })
+                        .collect()
+                };
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
                 let raw_env: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?.env.clone()
@@ -386,11 +436,10 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                 let env_plan = ListPlan::new(ours, desired, hash_same, |j| {
                     Ok(raw_env.as_ref().and_then(|l| l.get(j).copied()))
                 })?;
-                let env_names = env_plan.keys();
                 if env_plan.changed {
                     emit_list(
                         &mut spec_ops,
-                        &format!("/spec/containers/{ci}/env"),
+                        List::Container(ci, "/env", "/env/-"),
                         c.env.is_none(),
                         &env_plan,
                     );
@@ -398,8 +447,8 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                         env_into.push(cname);
                     }
                 }
-                if !env_names.is_empty() {
-                    new_entry.env.insert(cname.to_owned(), env_names);
+                if !env_plan.add.is_empty() {
+                    new_entry.env.push((cname, Names::Items(env_plan.add)));
                 }
 
                 // Volume mounts, identified by mount path.
@@ -424,17 +473,21 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                         }
                     }
                 }
-                let desired: Vec<&RItem<'x>> = rendered
-                    .volume_mounts
-                    .iter()
-                    .filter(|m| {
-                        let t = taken.contains(&m.key.as_ref());
-                        if t {
-                            mount_kept.entry(cname).or_default().push(m.key.as_ref());
-                        }
-                        !t
-                    })
-                    .collect();
+                let desired: Vec<&RItem<'x>> = if taken.is_empty() {
+                    rendered.volume_mounts.iter().collect()
+                } else {
+                    rendered
+                        .volume_mounts
+                        .iter()
+                        .filter(|m| {
+                            let t = taken.contains(&m.key.as_ref());
+                            if t {
+                                kept(&mut mount_kept, cname, m.key.as_ref());
+                            }
+                            !t
+                        })
+                        .collect()
+                };
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
                 let raw_mounts: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?
@@ -446,11 +499,10 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                 let mount_plan = ListPlan::new(ours, desired, hash_same, |j| {
                     Ok(raw_mounts.as_ref().and_then(|l| l.get(j).copied()))
                 })?;
-                let mount_paths = mount_plan.keys();
                 if mount_plan.changed {
                     emit_list(
                         &mut spec_ops,
-                        &format!("/spec/containers/{ci}/volumeMounts"),
+                        List::Container(ci, "/volumeMounts", "/volumeMounts/-"),
                         c.volume_mounts.is_none(),
                         &mount_plan,
                     );
@@ -458,40 +510,41 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
                         mounts_into.push(cname);
                     }
                 }
-                if !mount_paths.is_empty() {
+                if !mount_plan.add.is_empty() {
                     new_entry
                         .volume_mounts
-                        .insert(cname.to_owned(), mount_paths);
+                        .push((cname, Names::Items(mount_plan.add)));
                 }
             }
         }
+        EntryRef::sort_map(&mut new_entry.env);
+        EntryRef::sort_map(&mut new_entry.volume_mounts);
+        env_kept.sort_by(|a, b| a.0.cmp(b.0));
+        mount_kept.sort_by(|a, b| a.0.cmp(b.0));
         for (c, vars) in &env_kept {
             warnings.push(format!(
                 "splice policy {policy}: kept the pod's own env {} in container {c:?}; the injected value was skipped",
-                names(vars)
+                names(vars.iter().copied())
             ));
         }
         for (c, paths) in &mount_kept {
             warnings.push(format!(
                 "splice policy {policy}: kept the pod's own volume mount at {} in container {c:?}; the injected mount was skipped",
-                names(paths)
+                names(paths.iter().copied())
             ));
         }
         if !env_into.is_empty() {
-            let vars: Vec<&str> = rendered.env.iter().map(|e| e.key.as_ref()).collect();
-            injected.push(format!("env {} into {}", names(&vars), names(&env_into)));
+            injected.part("env ", rendered.env.iter().map(|i| i.key.as_ref()));
+            injected.0.push_str(" into ");
+            push_names(&mut injected.0, env_into.iter().copied());
         }
         if !mounts_into.is_empty() {
-            let paths: Vec<&str> = rendered
-                .volume_mounts
-                .iter()
-                .map(|m| m.key.as_ref())
-                .collect();
-            injected.push(format!(
-                "volume mounts {} into {}",
-                names(&paths),
-                names(&mounts_into)
-            ));
+            injected.part(
+                "volume mounts ",
+                rendered.volume_mounts.iter().map(|i| i.key.as_ref()),
+            );
+            injected.0.push_str(" into ");
+            push_names(&mut injected.0, mounts_into.iter().copied());
         }
 
         // Containers, appended after the pod's own.
@@ -505,18 +558,18 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         let cont = ListPlan::new(ours, desired, hash_same, |i| {
             Ok(raw_at(raw_spec.and_then(|s| s.containers.as_ref()), i))
         })?;
-        new_entry.containers = cont.keys();
         if cont.changed {
             emit_list(
                 &mut spec_ops,
-                "/spec/containers",
+                List::Spec("/spec/containers", "/spec/containers/-"),
                 spec.and_then(|s| s.containers.as_ref()).is_none(),
                 &cont,
             );
             if !cont.add.is_empty() {
-                injected.push(format!("containers {}", names(&new_entry.containers)));
+                injected.part("containers ", cont.add.iter().map(|i| i.key.as_ref()));
             }
         }
+        new_entry.containers = Names::Items(cont.add);
 
         // Volumes.
         let rec_vol = NameSet::new(rec.volumes.iter().map(String::as_str));
@@ -547,32 +600,25 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         let vols = ListPlan::new(ours, desired, hash_same, |i| {
             Ok(raw_at(raw_spec.and_then(|s| s.volumes.as_ref()), i))
         })?;
-        new_entry.volumes = vols.keys();
         if vols.changed {
             emit_list(
                 &mut spec_ops,
-                "/spec/volumes",
+                List::Spec("/spec/volumes", "/spec/volumes/-"),
                 spec.and_then(|s| s.volumes.as_ref()).is_none(),
                 &vols,
             );
             if !vols.add.is_empty() {
-                injected.push(format!("volumes {}", names(&new_entry.volumes)));
+                injected.part("volumes ", vols.add.iter().map(|i| i.key.as_ref()));
             }
         }
+        new_entry.volumes = Names::Items(vols.add);
         any_list_changed = !spec_ops.is_empty();
         if !spec_ops.is_empty() && spec.is_none() {
-            spec_ops.insert(0, Op::Add("/spec".into(), OpValue::EmptyObject));
+            spec_ops.insert(0, Op::Add(Path::Fixed("/spec"), OpValue::EmptyObject));
         }
-    } else {
+    } else if let Some(m) = mine {
         // UPDATE: a pod's containers and volumes are immutable; keep the record of them.
-        if let Some(m) = mine {
-            new_entry.hash = m.hash.clone();
-            new_entry.init_containers = m.init_containers.clone();
-            new_entry.containers = m.containers.clone();
-            new_entry.volumes = m.volumes.clone();
-            new_entry.env = m.env.clone();
-            new_entry.volume_mounts = m.volume_mounts.clone();
-        }
+        new_entry = EntryRef::of(m);
     }
 
     // Labels and annotations, compared key by key.
@@ -590,7 +636,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         &mut meta_ops,
         &mut warnings,
     )?;
-    new_entry.labels = owned;
+    new_entry.labels = Names::Strs(owned);
     let pod_annotations = meta.and_then(|m| m.annotations.as_ref());
     let (annotations_added, owned) = plan_map(
         policy,
@@ -607,61 +653,70 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
         &mut meta_ops,
         &mut warnings,
     )?;
-    new_entry.annotations = owned;
+    new_entry.annotations = Names::Strs(owned);
     if !labels_added.is_empty() {
-        injected.push(format!("labels {}", names(&labels_added)));
+        injected.part("labels ", labels_added.iter().copied());
     }
     if !annotations_added.is_empty() {
-        injected.push(format!("annotations {}", names(&annotations_added)));
+        injected.part("annotations ", annotations_added.iter().copied());
     }
 
     // Provenance: rewrite the status annotation when this policy's entry changed.
-    if status.mine.as_ref() != Some(&new_entry) {
+    let changed = match &status.mine {
+        None => true,
+        Some(m) => EntryRef::of(m).to_json() != new_entry.to_json(),
+    };
+    if changed {
         let text = if status.entries.keys().all(|k| k == policy) {
-            // The common case, only this policy on the pod: no intermediate JSON tree.
-            let mut text = String::with_capacity(256);
-            text.push('{');
-            text.push_str(&serde_json::to_string(policy).map_err(invalid)?);
-            text.push(':');
-            text.push_str(&serde_json::to_string(&new_entry).map_err(invalid)?);
-            text.push('}');
-            text
+            // The common case, only this policy on the pod: written straight into the escaped
+            // form the patch carries, with no intermediate JSON tree or string.
+            let mut text = Vec::with_capacity(384);
+            text.push(b'{');
+            push_name(&mut text, policy, true);
+            text.push(b':');
+            new_entry.write(&mut text, true);
+            text.push(b'}');
+            Text::Escaped(text)
         } else {
             let mut entries = status.entries.clone();
-            let value = serde_json::to_value(&new_entry).map_err(invalid)?;
+            let value: Value = serde_json::from_slice(&new_entry.to_json()).map_err(invalid)?;
             entries.insert(policy.to_owned(), value);
-            serde_json::to_string(&entries).map_err(invalid)?
+            Text::Plain(Cow::Owned(
+                serde_json::to_string(&entries).map_err(invalid)?,
+            ))
         };
         let annotations_absent = pod_annotations.is_none();
         // When the map itself was just created by an "add", fold the status into it.
         let folded = meta_ops.iter_mut().find_map(|op| match op {
-            Op::Add(p, OpValue::StrMap(entries)) if p == "/metadata/annotations" => Some(entries),
+            Op::Add(Path::Fixed("/metadata/annotations"), OpValue::StrMap(entries)) => {
+                Some(entries)
+            }
             _ => None,
         });
         if let Some(entries) = folded {
-            entries.push((Cow::Borrowed(STATUS_ANNOTATION), Cow::Owned(text)));
+            entries.push((Cow::Borrowed(STATUS_ANNOTATION), text));
         } else if annotations_absent {
             meta_ops.push(Op::Add(
-                "/metadata/annotations".into(),
-                OpValue::StrMap(vec![(Cow::Borrowed(STATUS_ANNOTATION), Cow::Owned(text))]),
+                Path::Fixed("/metadata/annotations"),
+                OpValue::StrMap(vec![(Cow::Borrowed(STATUS_ANNOTATION), text)]),
             ));
         } else {
-            let path = pointer(&["metadata", "annotations", STATUS_ANNOTATION]);
+            let path = Path::Key("/metadata/annotations", Cow::Borrowed(STATUS_ANNOTATION));
             let present = pod_annotations.is_some_and(|a| a.get(STATUS_ANNOTATION).is_some());
             meta_ops.push(if present {
-                Op::Replace(path, OpValue::Str(Cow::Owned(text)))
+                Op::Replace(path, OpValue::Str(text))
             } else {
-                Op::Add(path, OpValue::Str(Cow::Owned(text)))
+                Op::Add(path, OpValue::Str(text))
             });
         }
     }
     if !meta_ops.is_empty() && meta.is_none() {
-        meta_ops.insert(0, Op::Add("/metadata".into(), OpValue::EmptyObject));
+        meta_ops.insert(0, Op::Add(Path::Fixed("/metadata"), OpValue::EmptyObject));
     }
 
     let mut ops = meta_ops;
     ops.extend(spec_ops);
-    if !injected.is_empty() {
+    if !injected.0.is_empty() {
         let verb = match mine {
             Some(m) if any_list_changed && m.hash != hash => "re-injected (policy changed)",
             Some(_) if any_list_changed => {
@@ -669,12 +724,24 @@ pub(crate) fn plan<'x>(input: PlanInput<'_, 'x>) -> Result<Plan<'x>, EngineError
             }
             _ => "injected",
         };
-        warnings.insert(
-            0,
-            format!("splice policy {policy} {verb}: {}", injected.join("; ")),
-        );
+        let mut summary = String::with_capacity(policy.len() + verb.len() + injected.0.len() + 18);
+        summary.push_str("splice policy ");
+        summary.push_str(policy);
+        summary.push(' ');
+        summary.push_str(verb);
+        summary.push_str(": ");
+        summary.push_str(&injected.0);
+        warnings.insert(0, summary);
     }
     Ok(Plan { ops, warnings })
+}
+
+/// Records that the pod's own `name` in container `c` kept an injected item out.
+fn kept<'s>(list: &mut Vec<(&'s str, Vec<&'s str>)>, c: &'s str, name: &'s str) {
+    match list.iter_mut().find(|(k, _)| *k == c) {
+        Some((_, names)) => names.push(name),
+        None => list.push((c, vec![name])),
+    }
 }
 
 fn raw_at<'o>(list: Option<&Vec<Raw<'o>>>, i: usize) -> Option<Raw<'o>> {
@@ -700,20 +767,17 @@ fn raw_container<'r, 'o>(
 /// Emits the operations for one appended list: remove this policy's earlier items (highest index
 /// first, so the others keep their index), then append the current ones, creating the list when
 /// it was absent.
-fn emit_list<'x>(ops: &mut Vec<Op<'x>>, path: &str, absent: bool, plan: &ListPlan<'x>) {
+fn emit_list<'x>(ops: &mut Vec<Op<'x>>, list: List, absent: bool, plan: &ListPlan<'x>) {
     for &i in plan.remove.iter().rev() {
-        ops.push(Op::Remove(format!("{path}/{i}")));
+        ops.push(Op::Remove(list.index(i)));
     }
     if absent {
         if !plan.add.is_empty() {
-            ops.push(Op::Add(path.to_owned(), OpValue::Items(plan.add.clone())));
+            ops.push(Op::Add(list.whole(), OpValue::Items(plan.add.clone())));
         }
     } else {
         for item in &plan.add {
-            let mut p = String::with_capacity(path.len() + 2);
-            p.push_str(path);
-            p.push_str("/-");
-            ops.push(Op::Add(p, OpValue::Item(item)));
+            ops.push(Op::Add(list.append(), OpValue::Item(item)));
         }
     }
 }
@@ -724,17 +788,17 @@ fn emit_list<'x>(ops: &mut Vec<Op<'x>>, path: &str, absent: bool, plan: &ListPla
 fn plan_map<'x, V>(
     policy: &str,
     what: &str,
-    base: &str,
+    base: &'static str,
     pod: Option<&Entries<'_, V>>,
     decode: impl Fn(&V) -> Result<Cow<'static, str>, EngineError>,
     recorded: &[String],
     desired: &'x [(&'x str, Cow<'x, str>)],
     ops: &mut Vec<Op<'x>>,
     warnings: &mut Vec<String>,
-) -> Result<(Vec<&'x str>, Vec<String>), EngineError> {
+) -> Result<(Vec<&'x str>, Vec<&'x str>), EngineError> {
     let mut added = Vec::new();
     let mut owned = Vec::new();
-    let mut new_map: Vec<(Cow<'x, str>, Cow<'x, str>)> = Vec::new();
+    let mut new_map: Vec<(Cow<'x, str>, Text<'x>)> = Vec::new();
     for (key, value) in desired {
         if what == "label" {
             validate::label_value(value).map_err(|e| EngineError::InvalidRender {
@@ -751,26 +815,28 @@ fn plan_map<'x, V>(
         match pod.and_then(|p| p.get(key)) {
             None => {
                 added.push(*key);
-                owned.push((*key).to_owned());
+                owned.push(*key);
                 if pod.is_none() {
-                    new_map.push((Cow::Borrowed(*key), Cow::Borrowed(value.as_ref())));
+                    new_map.push((
+                        Cow::Borrowed(*key),
+                        Text::Plain(Cow::Borrowed(value.as_ref())),
+                    ));
                 } else {
-                    let mut path = base.to_owned();
-                    push_token(&mut path, key);
-                    ops.push(Op::Add(path, OpValue::Str(Cow::Borrowed(value.as_ref()))));
+                    ops.push(Op::Add(
+                        Path::Key(base, Cow::Borrowed(*key)),
+                        OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
+                    ));
                 }
             }
             Some(current) => {
                 let current = decode(current)?;
                 if ours {
-                    owned.push((*key).to_owned());
+                    owned.push(*key);
                     if current != *value {
                         added.push(*key);
-                        let mut path = base.to_owned();
-                        push_token(&mut path, key);
                         ops.push(Op::Replace(
-                            path,
-                            OpValue::Str(Cow::Borrowed(value.as_ref())),
+                            Path::Key(base, Cow::Borrowed(*key)),
+                            OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
                         ));
                     }
                 } else if current != *value {
@@ -786,13 +852,11 @@ fn plan_map<'x, V>(
             continue;
         }
         if pod.is_some_and(|p| p.get(key).is_some()) {
-            let mut path = base.to_owned();
-            push_token(&mut path, key);
-            ops.push(Op::Remove(path));
+            ops.push(Op::Remove(Path::Key(base, Cow::Owned(key.clone()))));
         }
     }
     if !new_map.is_empty() {
-        ops.push(Op::Add(base.to_owned(), OpValue::StrMap(new_map)));
+        ops.push(Op::Add(Path::Fixed(base), OpValue::StrMap(new_map)));
     }
     Ok((added, owned))
 }

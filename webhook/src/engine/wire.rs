@@ -159,6 +159,16 @@ impl Writer {
         push_json_str(&mut self.json, s);
     }
 
+    /// Writes `s` escaped for a JSON string, without quotes.
+    pub fn string_body(&mut self, s: &str) {
+        push_json_body(&mut self.json, s);
+    }
+
+    /// Writes `n` in decimal.
+    pub fn decimal(&mut self, n: usize) {
+        push_decimal(&mut self.json, n);
+    }
+
     /// Writes `v` as serde_json writes it.
     pub fn value(&mut self, v: &serde_json::Value) -> Result<(), serde_json::Error> {
         serde_json::to_writer(&mut self.json, v)
@@ -226,9 +236,30 @@ fn first_escape(s: &[u8]) -> Option<usize> {
         .map(|i| at + i)
 }
 
+/// Appends `n` in decimal.
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 /// Appends `s` as a JSON string, escaped as serde_json escapes it.
 pub(crate) fn push_json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
+    push_json_body(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as serde_json escapes a string, without the quotes.
+pub(crate) fn push_json_body(out: &mut Vec<u8>, s: &str) {
     let mut rest = s.as_bytes();
     while let Some(i) = first_escape(rest) {
         let (plain, tail) = rest.split_at(i);
@@ -254,7 +285,6 @@ pub(crate) fn push_json_str(out: &mut Vec<u8>, s: &str) {
         rest = tail;
     }
     out.extend_from_slice(rest);
-    out.push(b'"');
 }
 
 #[cfg(test)]
