@@ -189,6 +189,8 @@ impl Drop for Index {
 trait Record {
     fn open(&mut self, at: usize);
     fn close(&mut self, end: usize);
+    /// Forgets what was recorded: the fast pass gave up and the exact one starts over.
+    fn reset(&mut self);
 }
 
 /// Records nothing: the skips of values no one will read again.
@@ -199,6 +201,7 @@ impl Record for NoRecord {
     fn open(&mut self, _: usize) {}
     #[inline(always)]
     fn close(&mut self, _: usize) {}
+    fn reset(&mut self) {}
 }
 
 /// Builds an [`Index`]. While a container is open its span's `end` holds the ordinal of the
@@ -230,6 +233,189 @@ impl Record for Builder<'_> {
             span.after = after;
         }
     }
+
+    fn reset(&mut self) {
+        self.spans.clear();
+        self.current = u32::MAX;
+    }
+}
+
+/// The checking skip's fast pass over the value at `pos`: one loop, nothing but positions in
+/// registers, no error values. It returns the end of the value, or `None` when the value is not
+/// JSON or leaves the common road (nesting past 64 levels); [`Cursor::skip_checked`] then runs
+/// the exact pass, which decides and names the error. It accepts only what the exact pass
+/// accepts, so acceptance is the exact pass's either way.
+#[inline(always)]
+fn fast_skip<R: Record>(bytes: &[u8], mut pos: usize, rec: &mut R) -> Option<usize> {
+    // One bit per open container, innermost lowest: set for an object.
+    let mut stack: u64 = 0;
+    let mut depth: u32 = 0;
+    'value: loop {
+        pos = fast_ws(bytes, pos);
+        match *bytes.get(pos)? {
+            b'"' => pos = fast_string(bytes, pos + 1)?,
+            b'{' => {
+                rec.open(pos);
+                pos = fast_ws(bytes, pos + 1);
+                match *bytes.get(pos)? {
+                    b'}' => {
+                        pos += 1;
+                        rec.close(pos);
+                    }
+                    b'"' if depth < 64 => {
+                        stack = stack << 1 | 1;
+                        depth += 1;
+                        pos = fast_key(bytes, pos + 1)?;
+                        continue 'value;
+                    }
+                    _ => return None,
+                }
+            }
+            b'[' => {
+                rec.open(pos);
+                pos = fast_ws(bytes, pos + 1);
+                if *bytes.get(pos)? == b']' {
+                    pos += 1;
+                    rec.close(pos);
+                } else if depth < 64 {
+                    stack <<= 1;
+                    depth += 1;
+                    continue 'value;
+                } else {
+                    return None;
+                }
+            }
+            b't' => pos = fast_word(bytes, pos, b"true")?,
+            b'f' => pos = fast_word(bytes, pos, b"false")?,
+            b'n' => pos = fast_word(bytes, pos, b"null")?,
+            b'-' | b'0'..=b'9' => pos = fast_number(bytes, pos)?,
+            _ => return None,
+        }
+        // A value ended: close containers until one continues with a comma.
+        loop {
+            if depth == 0 {
+                return Some(pos);
+            }
+            pos = fast_ws(bytes, pos);
+            let b = *bytes.get(pos)?;
+            let object = stack & 1 == 1;
+            if b == b',' {
+                pos += 1;
+                if object {
+                    pos = fast_ws(bytes, pos);
+                    if *bytes.get(pos)? != b'"' {
+                        return None;
+                    }
+                    pos = fast_key(bytes, pos + 1)?;
+                }
+                continue 'value;
+            }
+            if b != if object { b'}' } else { b']' } {
+                return None;
+            }
+            pos += 1;
+            rec.close(pos);
+            stack >>= 1;
+            depth -= 1;
+        }
+    }
+}
+
+/// Past JSON whitespace.
+#[inline(always)]
+fn fast_ws(bytes: &[u8], mut pos: usize) -> usize {
+    while let Some(&b) = bytes.get(pos) {
+        if b > b' ' || !matches!(b, b' ' | b'\n' | b'\r' | b'\t') {
+            break;
+        }
+        pos += 1;
+    }
+    pos
+}
+
+/// Past a string body (from after its opening quote) and its closing quote; escapes are checked
+/// for shape only, as by [`Cursor::skip_value`].
+#[inline(always)]
+fn fast_string(bytes: &[u8], mut pos: usize) -> Option<usize> {
+    loop {
+        pos += string_stop(bytes.get(pos..)?)?;
+        match *bytes.get(pos)? {
+            b'"' => return Some(pos + 1),
+            b'\\' => match *bytes.get(pos + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => pos += 2,
+                b'u' => {
+                    if !bytes
+                        .get(pos + 2..pos + 6)?
+                        .iter()
+                        .all(u8::is_ascii_hexdigit)
+                    {
+                        return None;
+                    }
+                    pos += 6;
+                }
+                _ => return None,
+            },
+            _ => return None,
+        }
+    }
+}
+
+/// Past a key (from after its opening quote) and its colon.
+#[inline(always)]
+fn fast_key(bytes: &[u8], pos: usize) -> Option<usize> {
+    let mut pos = fast_string(bytes, pos)?;
+    if bytes.get(pos) != Some(&b':') {
+        pos = fast_ws(bytes, pos);
+        if *bytes.get(pos)? != b':' {
+            return None;
+        }
+    }
+    Some(pos + 1)
+}
+
+/// Past `word` (`true`, `false`, `null`) at `pos`.
+#[inline(always)]
+fn fast_word(bytes: &[u8], pos: usize, word: &[u8]) -> Option<usize> {
+    let end = pos + word.len();
+    (bytes.get(pos..end)? == word).then_some(end)
+}
+
+/// Past a number at `pos`, checked for grammar only.
+#[inline(always)]
+fn fast_number(bytes: &[u8], mut pos: usize) -> Option<usize> {
+    let digits = |mut pos: usize| {
+        while bytes.get(pos).is_some_and(u8::is_ascii_digit) {
+            pos += 1;
+        }
+        pos
+    };
+    if bytes.get(pos) == Some(&b'-') {
+        pos += 1;
+    }
+    match *bytes.get(pos)? {
+        // A leading zero before a digit: the exact pass names it.
+        b'0' if bytes.get(pos + 1).is_some_and(u8::is_ascii_digit) => return None,
+        b'0' => pos += 1,
+        b'1'..=b'9' => pos = digits(pos + 1),
+        _ => return None,
+    }
+    if bytes.get(pos) == Some(&b'.') {
+        if !bytes.get(pos + 1)?.is_ascii_digit() {
+            return None;
+        }
+        pos = digits(pos + 2);
+    }
+    if let Some(b'e' | b'E') = bytes.get(pos) {
+        pos += 1;
+        if let Some(b'+' | b'-') = bytes.get(pos) {
+            pos += 1;
+        }
+        if !bytes.get(pos)?.is_ascii_digit() {
+            return None;
+        }
+        pos = digits(pos + 1);
+    }
+    Some(pos)
 }
 
 /// The input as text: JSON is UTF-8, and checking it once up front is cheaper than per string.
@@ -944,6 +1130,18 @@ impl<'a> Cursor<'a> {
     }
 
     fn skip_checked<R: Record>(&mut self, rec: &mut R) -> Result<(), Error> {
+        if let Some(end) = fast_skip(self.bytes(), self.pos, rec) {
+            self.pos = end;
+            return Ok(());
+        }
+        rec.reset();
+        self.skip_exact(rec)
+    }
+
+    /// The checking skip that names what is wrong; the fast pass leaves every error to it.
+    #[cold]
+    #[inline(never)]
+    fn skip_exact<R: Record>(&mut self, rec: &mut R) -> Result<(), Error> {
         let mut frames = Frames::new();
         // The innermost container, kept out of `frames`: it is consulted after every value.
         let mut top: Option<bool> = None;

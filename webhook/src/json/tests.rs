@@ -477,3 +477,72 @@ fn a_validated_value_indexes_its_containers_from_its_own_start() {
     let mut t = Cursor::trusted(&proof);
     walk(&mut t, proof.get()).unwrap();
 }
+
+/// The fast pass against the exact one on `text`: where the fast pass accepts, the exact pass
+/// accepts too, ends at the same byte and builds the same index.
+fn fast_pass_agrees(text: &str) -> Result<(), String> {
+    let mut fast = Index::default();
+    let mut builder = Builder {
+        base: 0,
+        spans: &mut fast.spans,
+        current: u32::MAX,
+    };
+    let Some(end) = fast_skip(text.as_bytes(), 0, &mut builder) else {
+        return Ok(());
+    };
+    let mut exact = Index::default();
+    let mut c = Cursor::new(text);
+    let mut builder = Builder {
+        base: 0,
+        spans: &mut exact.spans,
+        current: u32::MAX,
+    };
+    match c.skip_exact(&mut builder) {
+        Ok(()) if c.pos == end && exact == fast => Ok(()),
+        Ok(()) => Err(format!(
+            "the fast pass ends at {end}, the exact one at {}",
+            c.pos
+        )),
+        Err(e) => Err(format!(
+            "the fast pass accepted what the exact one refuses: {e}"
+        )),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn the_fast_pass_accepts_only_what_the_exact_pass_accepts_on_mutated_documents(
+        doc in mutated()
+    ) {
+        if let Err(e) = fast_pass_agrees(&doc) {
+            prop_assert!(false, "{}", e);
+        }
+    }
+
+    #[test]
+    fn the_fast_pass_accepts_only_what_the_exact_pass_accepts_on_arbitrary_text(
+        text in "[\\[\\]{}\",:\\\\ 0-9.eE+\\-truefalsnu\u{1}\u{e9}]{0,40}"
+    ) {
+        if let Err(e) = fast_pass_agrees(&text) {
+            prop_assert!(false, "{} on {:?}", e, text);
+        }
+    }
+}
+
+#[test]
+fn the_fast_pass_takes_the_common_road_and_leaves_the_rest() {
+    for seed in SEEDS {
+        assert!(fast_skip(seed.as_bytes(), 0, &mut NoRecord).is_some());
+        fast_pass_agrees(seed).unwrap();
+    }
+    for case in FRAGMENTS {
+        fast_pass_agrees(case).unwrap();
+    }
+    // Past 64 levels the exact pass takes over, and accepts.
+    let deep = format!("{}1{}", "[".repeat(65), "]".repeat(65));
+    assert!(fast_skip(deep.as_bytes(), 0, &mut NoRecord).is_none());
+    assert!(validate(&deep).is_ok());
+    assert_eq!(validate(&deep).unwrap().containers(), 65);
+}
