@@ -96,8 +96,16 @@ pub(crate) struct Plan<'x> {
     pub warnings: Vec<String>,
 }
 
-/// A small set of names: linear for a handful (cheaper than hashing), hashed beyond.
-enum NameSet<'s> {
+/// A small set of names: linear for a handful (cheaper than hashing), hashed beyond. Either way
+/// a mask of the names' lengths turns most absent names away first: the pod's own env names are
+/// tested against the injected ones, and rarely share a length with them.
+struct NameSet<'s> {
+    /// Bit `len % 64` set for the length of every name.
+    lengths: u64,
+    names: SetNames<'s>,
+}
+
+enum SetNames<'s> {
     Small(Vec<&'s str>),
     Hashed(HashSet<&'s str>),
 }
@@ -105,24 +113,31 @@ enum NameSet<'s> {
 impl<'s> NameSet<'s> {
     fn new(names: impl IntoIterator<Item = &'s str>) -> Self {
         let v: Vec<&str> = names.into_iter().collect();
-        if v.len() <= 8 {
-            NameSet::Small(v)
+        let lengths = v.iter().fold(0, |m, n| m | length_bit(n));
+        let names = if v.len() <= 8 {
+            SetNames::Small(v)
         } else {
-            NameSet::Hashed(v.into_iter().collect())
-        }
+            SetNames::Hashed(v.into_iter().collect())
+        };
+        NameSet { lengths, names }
     }
+    #[inline]
     fn contains(&self, name: &str) -> bool {
-        match self {
-            NameSet::Small(v) => v.contains(&name),
-            NameSet::Hashed(h) => h.contains(name),
+        if self.lengths & length_bit(name) == 0 {
+            return false;
+        }
+        match &self.names {
+            SetNames::Small(v) => v.contains(&name),
+            SetNames::Hashed(h) => h.contains(name),
         }
     }
     fn is_empty(&self) -> bool {
-        match self {
-            NameSet::Small(v) => v.is_empty(),
-            NameSet::Hashed(h) => h.is_empty(),
-        }
+        self.lengths == 0
     }
+}
+
+fn length_bit(name: &str) -> u64 {
+    1 << (name.len() % 64)
 }
 
 /// True when every field of `desired` is in `actual` with the same value, so fields the API server

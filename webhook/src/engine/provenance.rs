@@ -64,16 +64,13 @@ impl<'a> Names<'a> {
         self.len() == 0
     }
 
+    #[cfg(test)]
     pub fn get(&self, i: usize) -> Option<&str> {
         match self {
             Names::Items(v) => v.get(i).map(|item| item.key.as_ref()),
             Names::Recorded(v) => v.get(i).map(String::as_str),
             Names::Strs(v) => v.get(i).copied(),
         }
-    }
-
-    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> {
-        (0..self.len()).map(|i| self.get(i).unwrap_or_default())
     }
 }
 
@@ -136,11 +133,18 @@ impl<'a> EntryRef<'a> {
         };
         let list = |out: &mut Vec<u8>, names: &Names<'_>| {
             out.push(b'[');
-            for (i, n) in names.iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            let mut item = |n: &str| {
+                if !first {
                     out.push(b',');
                 }
+                first = false;
                 push_name(out, n, nested);
+            };
+            match names {
+                Names::Items(v) => v.iter().for_each(|i| item(&i.key)),
+                Names::Recorded(v) => v.iter().for_each(|n| item(n)),
+                Names::Strs(v) => v.iter().for_each(|n| item(n)),
             }
             out.push(b']');
         };
@@ -199,7 +203,7 @@ impl<'a> EntryRef<'a> {
 pub(crate) fn push_name(out: &mut Vec<u8>, s: &str, nested: bool) {
     if !nested {
         wire::push_json_str(out, s);
-    } else if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+    } else if wire::first_escape(s.as_bytes()).is_none() {
         out.extend_from_slice(b"\\\"");
         out.extend_from_slice(s.as_bytes());
         out.extend_from_slice(b"\\\"");

@@ -29,30 +29,27 @@ fn pair(v: u64) -> u64 {
 
 /// Appends the standard (padded) base64 of `input` to `out`.
 pub(crate) fn encode_into(input: &[u8], out: &mut Vec<u8>) {
-    let whole = input.len() / 3 * 3;
-    let (body, tail) = input.split_at(whole);
+    // 6 bytes to 8 characters per step, reading 8 bytes at once while 8 are left.
+    let steps = input.len().saturating_sub(2) / 6;
     let start = out.len();
-    out.resize(start + body.len() / 3 * 4, 0);
-    let dst = &mut out[start..];
-    let mut six = body.chunks_exact(6);
-    let mut eight = dst.chunks_exact_mut(8);
-    for (s, d) in (&mut six).zip(&mut eight) {
-        let n = u64::from_be_bytes([s[0], s[1], s[2], s[3], s[4], s[5], 0, 0]);
-        let w =
-            (pair(n >> 52) << 48) | (pair(n >> 40) << 32) | (pair(n >> 28) << 16) | pair(n >> 16);
-        d.copy_from_slice(&w.to_be_bytes());
+    out.resize(start + steps * 8, 0);
+    if let Some(dst) = out.get_mut(start..) {
+        for (d, i) in dst.chunks_exact_mut(8).zip((0..).step_by(6)) {
+            let Some(Ok(s)) = input.get(i..i + 8).map(<[u8; 8]>::try_from) else {
+                break;
+            };
+            let n = u64::from_be_bytes(s);
+            let w = (pair(n >> 52) << 48)
+                | (pair(n >> 40) << 32)
+                | (pair(n >> 28) << 16)
+                | pair(n >> 16);
+            d.copy_from_slice(&w.to_be_bytes());
+        }
     }
-    let rest = six.remainder();
-    if rest.len() == 3 {
-        let n = (u64::from(rest[0]) << 16) | (u64::from(rest[1]) << 8) | u64::from(rest[2]);
-        let w = (pair(n >> 12) << 16) | pair(n);
-        let at = dst.len() - 4;
-        dst[at..].copy_from_slice(&(w as u32).to_be_bytes());
-    }
-    match *tail {
+    match *input.get(steps * 6..).unwrap_or_default() {
+        [] => {}
         [a] => {
-            let n = u64::from(a) << 16;
-            let w = pair(n >> 12);
+            let w = pair(u64::from(a) << 4);
             out.extend_from_slice(&[(w >> 8) as u8, w as u8, b'=', b'=']);
         }
         [a, b] => {
@@ -65,7 +62,12 @@ pub(crate) fn encode_into(input: &[u8], out: &mut Vec<u8>) {
                 b'=',
             ]);
         }
-        _ => {}
+        [a, b, c, ref tail @ ..] => {
+            let n = (u64::from(a) << 16) | (u64::from(b) << 8) | u64::from(c);
+            let w = (pair(n >> 12) << 16) | pair(n);
+            out.extend_from_slice(&(w as u32).to_be_bytes());
+            encode_into(tail, out);
+        }
     }
 }
 
@@ -210,7 +212,7 @@ fn needs_escape(b: u8) -> bool {
 }
 
 /// The index of the first byte to escape, testing 8 bytes at a time.
-fn first_escape(s: &[u8]) -> Option<usize> {
+pub(crate) fn first_escape(s: &[u8]) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let mut chunks = s.chunks_exact(8);
