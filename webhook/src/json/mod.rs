@@ -671,6 +671,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// Consumes a `null` if one is next; `Ok(false)` leaves any other value unread.
+    #[inline]
     pub fn null(&mut self) -> Result<bool, Error> {
         match self.peek() {
             Some(b'n') => self.literal(b"null", "null").map(|()| true),
@@ -895,7 +896,34 @@ impl<'a> Cursor<'a> {
     }
 
     /// Reads a string value.
+    #[inline(always)]
     pub fn string(&mut self) -> Result<Cow<'a, str>, Error> {
+        if let Some(s) = self.plain_string() {
+            return Ok(Cow::Borrowed(s));
+        }
+        self.any_string()
+    }
+
+    /// The common case of [`Cursor::string`]: right at the cursor (no whitespace first), with no
+    /// escape. `None` leaves the cursor where it was for the general reader.
+    #[inline(always)]
+    fn plain_string(&mut self) -> Option<&'a str> {
+        let bytes = self.bytes();
+        if *bytes.get(self.pos)? != b'"' {
+            return None;
+        }
+        let start = self.pos + 1;
+        let end = start + string_stop(bytes.get(start..)?)?;
+        if *bytes.get(end)? != b'"' {
+            return None;
+        }
+        let s = self.text.get(start..end)?;
+        self.pos = end + 1;
+        Some(s)
+    }
+
+    #[inline(never)]
+    fn any_string(&mut self) -> Result<Cow<'a, str>, Error> {
         match self.peek() {
             Some(b'"') => {
                 self.pos += 1;
@@ -919,7 +947,46 @@ impl<'a> Cursor<'a> {
 
     /// The next key of an open object, with its colon consumed (the value is next), or `None`
     /// after the closing brace.
+    #[inline(always)]
     pub fn key(&mut self, members: &mut Members) -> Result<Option<Cow<'a, str>>, Error> {
+        if let Some(key) = self.plain_key(members) {
+            return Ok(key.map(Cow::Borrowed));
+        }
+        self.any_key(members)
+    }
+
+    /// The common case of [`Cursor::key`], in compact text: `}`, or a key with no escape right at
+    /// the cursor (after a comma unless it is the first) and its colon right after it. `None`
+    /// leaves the cursor where it was for the general reader, which decides everything else.
+    #[inline(always)]
+    fn plain_key(&mut self, members: &mut Members) -> Option<Option<&'a str>> {
+        let bytes = self.bytes();
+        let mut pos = self.pos;
+        match *bytes.get(pos)? {
+            b'}' => {
+                self.pos = pos + 1;
+                return Some(None);
+            }
+            b',' if !members.first => pos += 1,
+            b'"' if members.first => {}
+            _ => return None,
+        }
+        if *bytes.get(pos)? != b'"' {
+            return None;
+        }
+        let start = pos + 1;
+        let end = start + string_stop(bytes.get(start..)?)?;
+        if *bytes.get(end)? != b'"' || *bytes.get(end + 1)? != b':' {
+            return None;
+        }
+        let key = self.text.get(start..end)?;
+        members.first = false;
+        self.pos = end + 2;
+        Some(Some(key))
+    }
+
+    #[inline(never)]
+    fn any_key(&mut self, members: &mut Members) -> Result<Option<Cow<'a, str>>, Error> {
         match self.peek() {
             Some(b'}') => {
                 self.pos += 1;
@@ -1026,7 +1093,21 @@ impl<'a> Cursor<'a> {
     #[inline]
     pub fn skip_value(&mut self) -> Result<(), Error> {
         if self.trusted {
-            self.skip_trusted();
+            // Strings and containers are most of what the views skip: inline, the rest called.
+            match self.bytes().get(self.pos) {
+                Some(b'"') => {
+                    self.pos += 1;
+                    self.skip_trusted_string();
+                }
+                Some(b'[' | b'{') => match self.span_at(self.pos) {
+                    Some(span) => {
+                        self.pos = span.end as usize;
+                        self.ordinal = span.after as usize;
+                    }
+                    None => self.skip_trusted(),
+                },
+                _ => self.skip_trusted(),
+            }
             return Ok(());
         }
         self.skip_checked(&mut NoRecord)
