@@ -504,8 +504,7 @@ fn run(
                     .to_owned_rendering()
                     .map_err(|e| EngineError::InvalidObject(e.to_string()))
             })?;
-        fresh = cached.borrow();
-        &fresh
+        &*cached
     };
     let plan = plan::plan(plan::PlanInput {
         policy: &policy.name,

@@ -251,7 +251,7 @@ impl Op<'_> {
 
 impl OpValue<'_> {
     fn size_hint(&self) -> usize {
-        let item = |i: &RItem<'_>| i.json.map_or(256, |j| j.json.len() + 2) + 1;
+        let item = |i: &RItem<'_>| i.json.as_ref().map_or(256, |j| j.json_len() + 2) + 1;
         match self {
             OpValue::Item(i) => item(i),
             OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),
@@ -268,8 +268,8 @@ impl OpValue<'_> {
 }
 
 fn write_item(item: &RItem<'_>, out: &mut Writer) -> Result<(), serde_json::Error> {
-    match item.json {
-        Some(json) => out.fragment(json),
+    match &item.json {
+        Some(json) => out.fragment(json.borrowed()),
         None => out.value(item.value.as_ref())?,
     }
     Ok(())

@@ -97,10 +97,11 @@ pub(crate) struct Plan<'x> {
 }
 
 /// A small set of names: linear for a handful (cheaper than hashing), hashed beyond. Either way
-/// a mask of the names' lengths turns most absent names away first: the pod's own env names are
-/// tested against the injected ones, and rarely share a length with them.
+/// a 64-bit mask of the names' fingerprints (length, first and last byte) turns most absent names
+/// away first: every env name of the pod is tested against the injected ones, and generated names
+/// often share a length or a prefix, rarely all three.
 struct NameSet<'s> {
-    /// Bit `len % 64` set for the length of every name.
+    /// The bit of every name's fingerprint.
     lengths: u64,
     names: SetNames<'s>,
 }
@@ -113,7 +114,7 @@ enum SetNames<'s> {
 impl<'s> NameSet<'s> {
     fn new(names: impl IntoIterator<Item = &'s str>) -> Self {
         let v: Vec<&str> = names.into_iter().collect();
-        let lengths = v.iter().fold(0, |m, n| m | length_bit(n));
+        let lengths = v.iter().fold(0, |m, n| m | fingerprint(n));
         let names = if v.len() <= 8 {
             SetNames::Small(v)
         } else {
@@ -123,7 +124,7 @@ impl<'s> NameSet<'s> {
     }
     #[inline]
     fn contains(&self, name: &str) -> bool {
-        if self.lengths & length_bit(name) == 0 {
+        if self.lengths & fingerprint(name) == 0 {
             return false;
         }
         match &self.names {
@@ -136,8 +137,11 @@ impl<'s> NameSet<'s> {
     }
 }
 
-fn length_bit(name: &str) -> u64 {
-    1 << (name.len() % 64)
+fn fingerprint(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let first = usize::from(b.first().copied().unwrap_or(0));
+    let last = usize::from(b.last().copied().unwrap_or(0));
+    1 << ((b.len() + first * 7 + last * 13) % 64)
 }
 
 /// True when every field of `desired` is in `actual` with the same value, so fields the API server
@@ -807,14 +811,15 @@ fn plan_map<'x, V>(
     pod: Option<&Entries<'_, V>>,
     decode: impl Fn(&V) -> Result<Cow<'static, str>, EngineError>,
     recorded: &[String],
-    desired: &'x [(&'x str, Cow<'x, str>)],
+    desired: &'x [(Cow<'x, str>, Cow<'x, str>)],
     ops: &mut Vec<Op<'x>>,
     warnings: &mut Vec<String>,
 ) -> Result<(Vec<&'x str>, Vec<&'x str>), EngineError> {
     let mut added = Vec::new();
     let mut owned = Vec::new();
     let mut new_map: Vec<(Cow<'x, str>, Text<'x>)> = Vec::new();
-    for (key, value) in desired {
+    for (k, value) in desired {
+        let key: &&'x str = &k.as_ref();
         if what == "label" {
             validate::label_value(value).map_err(|e| EngineError::InvalidRender {
                 policy: policy.to_owned(),
@@ -874,4 +879,26 @@ fn plan_map<'x, V>(
         ops.push(Op::Add(Path::Fixed(base), OpValue::StrMap(new_map)));
     }
     Ok((added, owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// The fingerprint mask only turns names away, never one in the set (small or hashed).
+        #[test]
+        fn a_name_set_holds_exactly_its_names(
+            set in proptest::collection::vec("[A-Z_0-9]{0,14}", 0..12),
+            probes in proptest::collection::vec("[A-Z_0-9]{0,14}", 0..12),
+        ) {
+            let names = NameSet::new(set.iter().map(String::as_str));
+            prop_assert_eq!(names.is_empty(), set.is_empty());
+            for n in set.iter().chain(&probes) {
+                prop_assert_eq!(names.contains(n), set.contains(n), "{:?}", n);
+            }
+        }
+    }
 }

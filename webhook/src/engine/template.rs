@@ -16,7 +16,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use splice_crds::InjectionPolicySpec;
 
-use super::wire::{Fragment, FragmentRef};
+use super::wire::Fragment;
 
 /// Instructions one rendering may execute.
 pub const FUEL: u64 = 50_000;
@@ -110,8 +110,8 @@ pub(crate) struct RItem<'t> {
     pub key: Cow<'t, str>,
     pub value: Cow<'t, Value>,
     /// Pre-serialized JSON of `value` and its base64, when it does not change between requests.
-    pub json: Option<FragmentRef<'t>>,
-    pub field: &'t str,
+    pub json: Option<Cow<'t, Fragment>>,
+    pub field: Cow<'t, str>,
 }
 
 #[derive(Debug, Default)]
@@ -121,54 +121,38 @@ pub(crate) struct Rendered<'t> {
     pub volumes: Vec<RItem<'t>>,
     pub env: Vec<RItem<'t>>,
     pub volume_mounts: Vec<RItem<'t>>,
-    pub labels: Vec<(&'t str, Cow<'t, str>)>,
-    pub annotations: Vec<(&'t str, Cow<'t, str>)>,
+    pub labels: Vec<(Cow<'t, str>, Cow<'t, str>)>,
+    pub annotations: Vec<(Cow<'t, str>, Cow<'t, str>)>,
 }
 
 /// A rendering that does not depend on the pod, owned so that it can outlive the request that
-/// produced it: items keep their JSON serialized once, and later requests write those bytes.
-#[derive(Debug)]
-pub(crate) struct OwnedRendered {
-    init_containers: Vec<OwnedItem>,
-    containers: Vec<OwnedItem>,
-    volumes: Vec<OwnedItem>,
-    env: Vec<OwnedItem>,
-    volume_mounts: Vec<OwnedItem>,
-    labels: Vec<(String, String)>,
-    annotations: Vec<(String, String)>,
-}
-
-#[derive(Debug)]
-struct OwnedItem {
-    key: String,
-    value: Value,
-    json: Fragment,
-    field: String,
-}
+/// produced it: items keep their JSON serialized (and base64-encoded) once, and later requests
+/// borrow it as it is, with nothing converted per request.
+pub(crate) type OwnedRendered = Rendered<'static>;
 
 impl Rendered<'_> {
     pub fn to_owned_rendering(&self) -> Result<OwnedRendered, serde_json::Error> {
         let items = |list: &[RItem<'_>]| {
             list.iter()
                 .map(|i| {
-                    Ok(OwnedItem {
-                        key: i.key.to_string(),
-                        value: i.value.as_ref().clone(),
-                        json: match i.json {
-                            Some(json) => Fragment::from_ref(json),
+                    Ok(RItem {
+                        key: Cow::Owned(i.key.to_string()),
+                        value: Cow::Owned(i.value.as_ref().clone()),
+                        json: Some(Cow::Owned(match &i.json {
+                            Some(json) => json.as_ref().clone(),
                             None => Fragment::new(&serde_json::to_string(i.value.as_ref())?),
-                        },
-                        field: i.field.to_owned(),
+                        })),
+                        field: Cow::Owned(i.field.to_string()),
                     })
                 })
                 .collect::<Result<Vec<_>, serde_json::Error>>()
         };
-        let strings = |list: &[(&str, Cow<'_, str>)]| {
+        let strings = |list: &[(Cow<'_, str>, Cow<'_, str>)]| {
             list.iter()
-                .map(|(k, v)| ((*k).to_owned(), v.to_string()))
+                .map(|(k, v)| (Cow::Owned(k.to_string()), Cow::Owned(v.to_string())))
                 .collect()
         };
-        Ok(OwnedRendered {
+        Ok(Rendered {
             init_containers: items(&self.init_containers)?,
             containers: items(&self.containers)?,
             volumes: items(&self.volumes)?,
@@ -177,35 +161,6 @@ impl Rendered<'_> {
             labels: strings(&self.labels),
             annotations: strings(&self.annotations),
         })
-    }
-}
-
-impl OwnedRendered {
-    pub fn borrow(&self) -> Rendered<'_> {
-        fn items(list: &[OwnedItem]) -> Vec<RItem<'_>> {
-            list.iter()
-                .map(|i| RItem {
-                    key: Cow::Borrowed(i.key.as_str()),
-                    value: Cow::Borrowed(&i.value),
-                    json: Some(i.json.as_ref()),
-                    field: i.field.as_str(),
-                })
-                .collect()
-        }
-        fn strings(list: &[(String, String)]) -> Vec<(&str, Cow<'_, str>)> {
-            list.iter()
-                .map(|(k, v)| (k.as_str(), Cow::Borrowed(v.as_str())))
-                .collect()
-        }
-        Rendered {
-            init_containers: items(&self.init_containers),
-            containers: items(&self.containers),
-            volumes: items(&self.volumes),
-            env: items(&self.env),
-            volume_mounts: items(&self.volume_mounts),
-            labels: strings(&self.labels),
-            annotations: strings(&self.annotations),
-        }
     }
 }
 
@@ -364,7 +319,7 @@ impl Templates {
                         None => Cow::Borrowed(s.base.as_str()),
                         Some(hole) => Cow::Owned(render_one(&self.env, hole, ctx)?),
                     };
-                    Ok((s.key.as_str(), value))
+                    Ok((Cow::Borrowed(s.key.as_str()), value))
                 })
                 .collect::<Result<Vec<_>, TemplateError>>()
         };
@@ -415,8 +370,8 @@ impl Templates {
         Ok(RItem {
             key,
             value,
-            json: item.base_json.as_ref().map(Fragment::as_ref),
-            field: &item.field,
+            json: item.base_json.as_ref().map(Cow::Borrowed),
+            field: Cow::Borrowed(&item.field),
         })
     }
 }

@@ -96,14 +96,6 @@ impl Fragment {
         }
     }
 
-    /// A copy of a borrowed fragment.
-    pub fn from_ref(f: FragmentRef<'_>) -> Fragment {
-        Fragment {
-            json: f.json.to_owned(),
-            b64: f.b64.to_owned(),
-        }
-    }
-
     /// The JSON text (with its padding spaces).
     #[cfg(test)]
     pub fn json(&self) -> &str {
@@ -115,7 +107,12 @@ impl Fragment {
         &self.b64
     }
 
-    pub fn as_ref(&self) -> FragmentRef<'_> {
+    /// The length of the JSON text (with its padding spaces).
+    pub fn json_len(&self) -> usize {
+        self.json.len()
+    }
+
+    pub fn borrowed(&self) -> FragmentRef<'_> {
         FragmentRef {
             json: &self.json,
             b64: &self.b64,
@@ -387,7 +384,7 @@ mod tests {
                 }
                 let json = serde_json::to_string(s).unwrap();
                 if *constant {
-                    w.fragment(Fragment::new(&json).as_ref());
+                    w.fragment(Fragment::new(&json).borrowed());
                 } else {
                     w.string(s);
                 }
