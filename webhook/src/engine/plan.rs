@@ -17,7 +17,7 @@ use super::patch::{Op, OpValue, Path, Text};
 use super::provenance::{EntryRef, Names, ProvenanceEntry, push_name};
 use super::template::{RItem, Rendered};
 use super::view::{
-    self, ContainerView, Entries, Named, PodView, Raw, RawContainerView, RawPodView, Str,
+    self, ContainerView, Entries, Mount, Named, PodView, Raw, RawContainerView, RawPodView, Str,
 };
 use super::{EngineError, validate};
 
@@ -394,8 +394,8 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
 
         // Env and volume mounts, per application container (not injected ones, by any policy).
         let others = status.others_containers(policy);
-        let mut env_kept: Vec<(&str, Vec<&str>)> = Vec::new();
-        let mut mount_kept: Vec<(&str, Vec<&str>)> = Vec::new();
+        let mut env_kept: Kept<'_> = Vec::new();
+        let mut mount_kept: Kept<'_> = Vec::new();
         let mut env_into: Vec<&str> = Vec::new();
         let mut mounts_into: Vec<&str> = Vec::new();
         if !rendered.env.is_empty()
@@ -417,35 +417,14 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
                 // Env.
                 let rec_env =
                     NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
-                let desired_keys = &env_keys;
                 let pod_env: &[Named<'_>] = c.env.as_deref().unwrap_or(&[]);
-                let mut ours = Vec::new();
-                let mut taken: Vec<&str> = Vec::new();
-                if !rec_env.is_empty() || !desired_keys.is_empty() {
-                    for (j, e) in pod_env.iter().enumerate() {
-                        let n = e.name();
-                        if rec_env.contains(n) {
-                            ours.push((j, n));
-                        } else if desired_keys.contains(n) {
-                            taken.push(n);
-                        }
-                    }
-                }
-                let desired: Vec<&RItem<'x>> = if taken.is_empty() {
-                    rendered.env.iter().collect()
-                } else {
-                    rendered
-                        .env
-                        .iter()
-                        .filter(|e| {
-                            let t = taken.contains(&e.key.as_ref());
-                            if t {
-                                kept(&mut env_kept, cname, e.key.as_ref());
-                            }
-                            !t
-                        })
-                        .collect()
-                };
+                let (ours, desired) = split_list(
+                    pod_env.iter().map(Named::name),
+                    &rec_env,
+                    &env_keys,
+                    &rendered.env,
+                    (&mut env_kept, cname),
+                );
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
                 let raw_env: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?.env.clone()
@@ -478,35 +457,14 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
                         .flatten()
                         .map(String::as_str),
                 );
-                let desired_keys = &mount_keys;
                 let pod_mounts = c.volume_mounts.as_deref().unwrap_or(&[]);
-                let mut ours = Vec::new();
-                let mut taken: Vec<&str> = Vec::new();
-                if !rec_m.is_empty() || !desired_keys.is_empty() {
-                    for (j, m) in pod_mounts.iter().enumerate() {
-                        let p = m.path();
-                        if rec_m.contains(p) {
-                            ours.push((j, p));
-                        } else if desired_keys.contains(p) {
-                            taken.push(p);
-                        }
-                    }
-                }
-                let desired: Vec<&RItem<'x>> = if taken.is_empty() {
-                    rendered.volume_mounts.iter().collect()
-                } else {
-                    rendered
-                        .volume_mounts
-                        .iter()
-                        .filter(|m| {
-                            let t = taken.contains(&m.key.as_ref());
-                            if t {
-                                kept(&mut mount_kept, cname, m.key.as_ref());
-                            }
-                            !t
-                        })
-                        .collect()
-                };
+                let (ours, desired) = split_list(
+                    pod_mounts.iter().map(Mount::path),
+                    &rec_m,
+                    &mount_keys,
+                    &rendered.volume_mounts,
+                    (&mut mount_kept, cname),
+                );
                 let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
                 let raw_mounts: Option<Vec<Raw<'_>>> = if needs_raw {
                     raw_container(&mut raw_c, raw_containers, ci)?
@@ -756,7 +714,51 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
 }
 
 /// Records that the pod's own `name` in container `c` kept an injected item out.
-fn kept<'s>(list: &mut Vec<(&'s str, Vec<&'s str>)>, c: &'s str, name: &'s str) {
+/// Per container, the keys of the author's items that were kept over the policy's.
+type Kept<'s> = Vec<(&'s str, Vec<&'s str>)>;
+
+/// One list of an application container: the pod's items this policy recorded (index, key), and
+/// the rendered items to inject now, less those whose key an item the policy did not record
+/// already holds (the author's: it stays, and `kept` notes it for the warning).
+fn split_list<'s, 'x>(
+    pod_keys: impl Iterator<Item = &'s str>,
+    recorded: &NameSet<'_>,
+    desired_keys: &NameSet<'_>,
+    rendered: &'x [RItem<'x>],
+    (kept_list, container): (&mut Kept<'s>, &'s str),
+) -> (Vec<(usize, &'s str)>, Vec<&'x RItem<'x>>)
+where
+    'x: 's,
+{
+    let mut ours = Vec::new();
+    let mut taken: Vec<&str> = Vec::new();
+    if !recorded.is_empty() || !desired_keys.is_empty() {
+        for (j, key) in pod_keys.enumerate() {
+            if recorded.contains(key) {
+                ours.push((j, key));
+            } else if desired_keys.contains(key) {
+                taken.push(key);
+            }
+        }
+    }
+    let desired = if taken.is_empty() {
+        rendered.iter().collect()
+    } else {
+        rendered
+            .iter()
+            .filter(|item| {
+                let t = taken.contains(&item.key.as_ref());
+                if t {
+                    kept(kept_list, container, item.key.as_ref());
+                }
+                !t
+            })
+            .collect()
+    };
+    (ours, desired)
+}
+
+fn kept<'s>(list: &mut Kept<'s>, c: &'s str, name: &'s str) {
     match list.iter_mut().find(|(k, _)| *k == c) {
         Some((_, names)) => names.push(name),
         None => list.push((c, vec![name])),
