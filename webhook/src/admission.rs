@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 
+use crate::engine::wire::push_json_str;
 use crate::json::{self, Cursor, Validated};
 
 /// The only AdmissionReview version Splice registers for (`admissionReviewVersions: [v1]`).
@@ -368,11 +369,6 @@ pub fn allowed_response_base64(
     }
     out.extend_from_slice(b"}}");
     out
-}
-
-/// Appends `s` as a JSON string, escaped as serde_json escapes it.
-fn push_json_str(out: &mut Vec<u8>, s: &str) {
-    crate::engine::wire::push_json_str(out, s);
 }
 
 /// Finds `request.uid` without parsing the body: the benchmark's null handler measures the server

@@ -11,17 +11,23 @@ use super::wire::Writer;
 /// Appends `token` to a JSON pointer, escaping `~` as `~0` and `/` as `~1` (RFC 6901).
 pub(crate) fn push_token(pointer: &mut String, token: &str) {
     pointer.push('/');
-    if !token.contains(['~', '/']) {
-        pointer.push_str(token);
-        return;
+    escaped_token(token, |piece| pointer.push_str(piece));
+}
+
+/// `token` escaped as a JSON pointer token (RFC 6901), handed out in pieces: the text between
+/// `~` and `/`, and `~0` or `~1` for each of them.
+fn escaped_token(token: &str, mut piece: impl FnMut(&str)) {
+    let mut rest = token;
+    while let Some(at) = rest.find(['~', '/']) {
+        piece(&rest[..at]);
+        piece(if rest.as_bytes()[at] == b'~' {
+            "~0"
+        } else {
+            "~1"
+        });
+        rest = &rest[at + 1..];
     }
-    for c in token.chars() {
-        match c {
-            '~' => pointer.push_str("~0"),
-            '/' => pointer.push_str("~1"),
-            c => pointer.push(c),
-        }
-    }
+    piece(rest);
 }
 
 #[cfg(test)]
@@ -74,17 +80,7 @@ impl Path<'_> {
             Path::Key(base, key) => {
                 out.string_body(base);
                 out.byte(b'/');
-                let mut rest: &str = key;
-                while let Some(at) = rest.find(['~', '/']) {
-                    out.string_body(&rest[..at]);
-                    out.bytes(if rest.as_bytes()[at] == b'~' {
-                        b"~0"
-                    } else {
-                        b"~1"
-                    });
-                    rest = &rest[at + 1..];
-                }
-                out.string_body(rest);
+                escaped_token(key, |piece| out.string_body(piece));
             }
         }
         out.byte(b'"');

@@ -172,15 +172,12 @@ impl Drop for Index {
         }
         // Keep the larger buffer of the two; a thread being torn down just frees it.
         let _ = SPARE.try_with(|spare| {
-            let other = spare.replace(spans);
-            if other.capacity() > 0 {
-                let mine = spare.take();
-                spare.set(if mine.capacity() >= other.capacity() {
-                    mine
-                } else {
-                    other
-                });
-            }
+            let other = spare.take();
+            spare.set(if spans.capacity() >= other.capacity() {
+                spans
+            } else {
+                other
+            });
         });
     }
 }
