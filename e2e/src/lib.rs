@@ -187,10 +187,28 @@ where
     }
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests on one machine).
+/// A free TCP port on 127.0.0.1, taken from 20000–32767: below Linux's ephemeral range
+/// (32768–60999), so no outgoing connection (the tests make thousands) can take it between this
+/// check and the child's own bind. Bound and released; each call in a process starts at a new
+/// place, so two tests of one binary do not race for the same port.
 pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_768;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7_919)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+    for _ in 0..256 {
+        let step = NEXT.fetch_add(97, Ordering::Relaxed);
+        let port = (LOW + seed.wrapping_add(step) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 in {LOW}..{}", LOW + SPAN)
 }
 
 /// A child process killed (SIGKILL) and reaped when dropped, so a failing test leaves nothing.
@@ -211,16 +229,46 @@ impl Drop for ChildGuard {
     }
 }
 
-/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
-pub async fn wait_for_port(port: u16, timeout: Duration) -> Result<()> {
-    wait_until(
-        timeout,
-        &format!("127.0.0.1:{port} to accept connections"),
-        || async move {
-            Ok(tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok())
-        },
-    )
-    .await
+/// How waiting for a child's port ended, when it did not open.
+#[derive(Debug)]
+pub enum PortWait {
+    /// The child exited first, with this status.
+    Exited(std::process::ExitStatus),
+    /// Neither happened within the timeout.
+    TimedOut,
+}
+
+impl std::fmt::Display for PortWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortWait::Exited(status) => write!(f, "the process exited ({status})"),
+            PortWait::TimedOut => f.write_str("timed out"),
+        }
+    }
+}
+
+/// Waits until `child` accepts TCP connections on 127.0.0.1:`port`, and stops waiting as soon as
+/// it exits (a child that could not bind must not cost the whole timeout, nor be reported as
+/// slow).
+pub async fn wait_for_child_port(
+    child: &mut ChildGuard,
+    port: u16,
+    timeout: Duration,
+) -> std::result::Result<(), PortWait> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.0.try_wait() {
+            return Err(PortWait::Exited(status));
+        }
+        if Instant::now() >= deadline {
+            return Err(PortWait::TimedOut);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

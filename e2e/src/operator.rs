@@ -17,7 +17,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
-use splice_e2e::{ChildGuard, free_port, repo_root, wait_for_port, wait_until};
+use splice_e2e::{ChildGuard, PortWait, free_port, repo_root, wait_for_child_port, wait_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The label whose value scopes one `splice run` to the policies of one test.
@@ -129,6 +129,25 @@ impl Splice {
     /// Starts `splice run` and waits only for its admin port (it may never become ready, e.g.
     /// when it refuses a Secret it did not create).
     pub async fn spawn(options: SpliceOptions) -> Result<Self> {
+        // A port found free can still be taken before the child binds it; the child then exits
+        // saying it cannot listen, and a fresh pair of ports is tried.
+        const ATTEMPTS: usize = 3;
+        let mut attempt = 1;
+        loop {
+            match Self::spawn_once(&options).await? {
+                Ok(splice) => return Ok(splice),
+                Err(log) if attempt < ATTEMPTS && options.port.is_none() => {
+                    eprintln!("splice {}: {log}; retrying", options.log_name);
+                    attempt += 1;
+                }
+                Err(log) => bail!("splice {}: {log}", options.log_name),
+            }
+        }
+    }
+
+    /// One attempt: the running child, or (as the inner error) why it exited because a port was
+    /// taken, from its log.
+    async fn spawn_once(options: &SpliceOptions) -> Result<std::result::Result<Self, String>> {
         let port = match options.port {
             Some(p) => p,
             None => free_port()?,
@@ -141,6 +160,7 @@ impl Splice {
             .create(true)
             .append(true)
             .open(&log)?;
+        let log_start = file.metadata()?.len();
         let mut cmd = Command::new(splice_bin()?);
         cmd.arg("run")
             .arg("--namespace")
@@ -179,16 +199,32 @@ impl Splice {
                 .arg(retry.to_string());
         }
         cmd.args(&options.extra_args);
-        let child = ChildGuard::spawn(&mut cmd)?;
-        let splice = Splice {
-            child: Some(child),
-            port,
-            admin_port,
-            log,
-            options,
-        };
-        wait_for_port(admin_port, Duration::from_secs(20)).await?;
-        Ok(splice)
+        let mut child = ChildGuard::spawn(&mut cmd)?;
+        match wait_for_child_port(&mut child, admin_port, Duration::from_secs(20)).await {
+            Ok(()) => Ok(Ok(Splice {
+                child: Some(child),
+                port,
+                admin_port,
+                log,
+                options: options.clone(),
+            })),
+            Err(why) => {
+                let text = std::fs::read(&log).unwrap_or_default();
+                let tail = String::from_utf8_lossy(text.get(log_start as usize..).unwrap_or(&[]));
+                let mut last: Vec<&str> = tail.lines().rev().take(4).collect();
+                last.reverse();
+                let tail = last.join(" | ");
+                let what = format!(
+                    "admin port {admin_port} never opened: {why}; the end of {}: {tail}",
+                    log.display()
+                );
+                if matches!(why, PortWait::Exited(_)) && tail.contains("cannot listen") {
+                    Ok(Err(what))
+                } else {
+                    bail!("splice {}: {what}", options.log_name)
+                }
+            }
+        }
     }
 
     /// Waits until /readyz answers 200.

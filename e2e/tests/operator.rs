@@ -26,7 +26,7 @@ use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{FailurePolicy, InjectionPolicy};
 use splice_e2e::{
-    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, unique_suffix, wait_for_port,
+    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, unique_suffix, wait_for_child_port,
     wait_until,
 };
 
@@ -707,7 +707,7 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
     std::fs::write(dir.join("tls.crt"), cert)?;
     std::fs::write(dir.join("tls.key"), key)?;
     let port = free_port()?;
-    let _agnhost = ChildGuard::spawn(
+    let mut agnhost = ChildGuard::spawn(
         Command::new(controlplane_bin_dir()?.join("agnhost"))
             .arg("webhook")
             .arg(format!("--tls-cert-file={}", dir.join("tls.crt").display()))
@@ -719,7 +719,9 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
-    wait_for_port(port, Duration::from_secs(20)).await?;
+    wait_for_child_port(&mut agnhost, port, Duration::from_secs(20))
+        .await
+        .map_err(|why| anyhow::anyhow!("agnhost webhook on port {port}: {why}"))?;
     let foreign_name = format!("e2e-foreign-{}", s.instance);
     let configs: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
     configs

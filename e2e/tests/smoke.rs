@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use serde_json::json;
 use splice_e2e::{
-    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, wait_for_port, wait_until,
+    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, wait_for_child_port, wait_until,
 };
 
 fn pod(name: &str) -> Result<Pod> {
@@ -149,7 +149,7 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
     std::fs::write(dir.join("tls.crt"), &tls.cert_pem)?;
     std::fs::write(dir.join("tls.key"), &tls.key_pem)?;
     let port = free_port()?;
-    let _agnhost = ChildGuard::spawn(
+    let mut agnhost = ChildGuard::spawn(
         Command::new(controlplane_bin_dir()?.join("agnhost"))
             .arg("webhook")
             .arg(format!("--tls-cert-file={}", dir.join("tls.crt").display()))
@@ -162,7 +162,9 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
-    wait_for_port(port, Duration::from_secs(20)).await?;
+    wait_for_child_port(&mut agnhost, port, Duration::from_secs(20))
+        .await
+        .map_err(|why| anyhow::anyhow!("agnhost webhook on port {port}: {why}"))?;
 
     let name = format!("e2e-{key}");
     let config = MutatingWebhookConfiguration {
