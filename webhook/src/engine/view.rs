@@ -191,10 +191,18 @@ impl<T> Deref for List<T> {
     }
 }
 
+/// Room for the lists of objects past which a list grows as it reads (a container's nested
+/// objects count towards the bound too).
+const BOUNDED: usize = 64;
+
 impl<'a, T: FromJson<'a>> FromJson<'a> for List<T> {
     fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
+        // Every list the engine reads holds objects: the index's count of containers inside the
+        // array bounds its items, so the 34-variable env of a typical pod is not grown three
+        // times on every request.
+        let room = c.object_items_bound().map_or(TYPICAL, |n| n.min(BOUNDED));
         let mut items = c.array()?;
-        let mut out = Vec::with_capacity(TYPICAL);
+        let mut out = Vec::with_capacity(room);
         while c.item(&mut items)? {
             out.push(T::read(c)?);
         }
@@ -225,29 +233,69 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
 
 /// Declares a struct that deserializes only from a JSON object, reading the listed keys and
 /// skipping every other one. A repeated key keeps its last value.
+///
+/// A view declared `flat` (all its fields `Option<Str>`) first tries [`Cursor::flat_object`]:
+/// most env entries and volume mounts are objects of plain strings, read in one scan.
 macro_rules! object_view {
+    (flat $(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
+        object_view!(@struct $(#[$m])* $name<$lt> { $($field : $ty),* });
+
+        impl<$lt> FromJson<$lt> for $name<$lt> {
+            fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
+                let mut out = $name::default();
+                let flat = c.flat_object(|key, value| match key {
+                    // A boolean where a string field is: the general reader names the error.
+                    $($key => match value {
+                        Some(v) => {
+                            out.$field = Some(Str(Cow::Borrowed(v)));
+                            true
+                        }
+                        None => false,
+                    },)*
+                    _ => true,
+                });
+                if flat {
+                    return Ok(out);
+                }
+                let mut out = $name::default();
+                object_view!(@members c, out, $($field = $key),*);
+                Ok(out)
+            }
+        }
+
+        object_view!(@serde $name<$lt> { $($field = $key),* });
+    };
     ($(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
+        object_view!(@struct $(#[$m])* $name<$lt> { $($field : $ty),* });
+
+        impl<$lt> FromJson<$lt> for $name<$lt> {
+            fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
+                let mut out = $name::default();
+                object_view!(@members c, out, $($field = $key),*);
+                Ok(out)
+            }
+        }
+
+        object_view!(@serde $name<$lt> { $($field = $key),* });
+    };
+    (@struct $(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty),* }) => {
         $(#[$m])*
         #[derive(Debug, Default, PartialEq)]
         pub(crate) struct $name<$lt> {
             $(pub $field: $ty,)*
             _l: PhantomData<&$lt ()>,
         }
-
-        impl<$lt> FromJson<$lt> for $name<$lt> {
-            fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
-                let mut members = c.object()?;
-                let mut out = $name::default();
-                while let Some(key) = c.key(&mut members)? {
-                    match &*key {
-                        $($key => out.$field = FromJson::read(c)?,)*
-                        _ => c.skip_value()?,
-                    }
-                }
-                Ok(out)
+    };
+    (@members $c:ident, $out:ident, $($field:ident = $key:literal),*) => {
+        let mut members = $c.object()?;
+        while let Some(key) = $c.key(&mut members)? {
+            match &*key {
+                $($key => $out.$field = FromJson::read($c)?,)*
+                _ => $c.skip_value()?,
             }
         }
-
+    };
+    (@serde $name:ident<$lt:lifetime> { $($field:ident = $key:literal),* }) => {
         #[cfg(any(test, feature = "serde-oracle"))]
         impl<'de: $lt, $lt> Deserialize<'de> for $name<$lt> {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -304,7 +352,7 @@ object_view! {
 }
 
 object_view! {
-    Named<'a> {
+    flat Named<'a> {
         name: Option<Str<'a>> = "name",
     }
 }
@@ -318,7 +366,7 @@ object_view! {
 }
 
 object_view! {
-    Mount<'a> {
+    flat Mount<'a> {
         mount_path: Option<Str<'a>> = "mountPath",
     }
 }
@@ -393,6 +441,8 @@ pub mod oracle {
         same::<RawPodView<'_>>(text)?;
         same::<RawContainerView<'_>>(text)?;
         same::<ContainerView<'_>>(text)?;
+        same::<Named<'_>>(text)?;
+        same::<Mount<'_>>(text)?;
         same::<Option<Str<'_>>>(text)?;
         trusted_agrees(text).unwrap_or(Ok(()))
     }
@@ -422,6 +472,8 @@ pub mod oracle {
             same_trusted::<RawPodView<'_>>(text, &v)?;
             same_trusted::<RawContainerView<'_>>(text, &v)?;
             same_trusted::<ContainerView<'_>>(text, &v)?;
+            same_trusted::<Named<'_>>(text, &v)?;
+            same_trusted::<Mount<'_>>(text, &v)?;
             same_trusted::<Option<Str<'_>>>(text, &v)
         })())
     }
@@ -570,6 +622,60 @@ mod tests {
             spec.containers.is_none(),
             "the second spec replaced the first"
         );
+    }
+
+    #[test]
+    fn an_env_entry_or_mount_reads_the_same_whether_or_not_it_takes_the_flat_road() {
+        // Flat: plain strings and booleans only. Not flat: whitespace, an escape, a number,
+        // null, a nested object, a boolean where the field is, a truncated or empty object.
+        let cases = [
+            (r#"{"name":"A","value":"b"}"#, Some("A"), None),
+            (
+                r#"{"name":"d","readOnly":true,"mountPath":"/d"}"#,
+                Some("d"),
+                Some("/d"),
+            ),
+            (
+                r#"{"name":"a","name":"b","mountPath":"/x","mountPath":"/y"}"#,
+                Some("b"),
+                Some("/y"),
+            ),
+            (r#"{}"#, None, None),
+            (r#"{"value":"v","readOnly":false}"#, None, None),
+            (r#"{ "name":"A"}"#, Some("A"), None),
+            (r#"{"name" :"A","mountPath": "/p"}"#, Some("A"), Some("/p")),
+            (r#"{"name":"A","mountPath":"/p"}"#, Some("A"), Some("/p")),
+            (r#"{"name":"A","value":1}"#, Some("A"), None),
+            (r#"{"name":null,"mountPath":null}"#, None, None),
+            (r#"{"name":"A","valueFrom":{"name":"B"}}"#, Some("A"), None),
+        ];
+        for (text, name, path) in cases {
+            oracle::check(text).unwrap();
+            let named: Named<'_> = from_str(text).unwrap();
+            assert_eq!(named.name.as_deref(), name, "{text}");
+            let mount: Mount<'_> = from_str(text).unwrap();
+            assert_eq!(mount.mount_path.as_deref(), path, "{text}");
+            let v = crate::json::validate(text).unwrap();
+            let trusted: Named<'_> = from_validated(&v).unwrap();
+            assert_eq!(trusted, named, "{text}");
+        }
+        for text in [
+            r#"{"name":true}"#,
+            r#"{"mountPath":false,"name":"a"}"#,
+            r#"{"name":"A""#,
+            r#"{"name":"A","#,
+            r#"{"name":"A",}"#,
+            r#"{"name":"A" "value":"b"}"#,
+            r#"{"name":"A"]"#,
+            r#"{"name":"a
+b"}"#,
+        ] {
+            oracle::check(text).unwrap();
+            assert!(
+                from_str::<Named<'_>>(text).is_err() || from_str::<Mount<'_>>(text).is_err(),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -1014,6 +1014,111 @@ impl<'a> Cursor<'a> {
         Ok(Some(key))
     }
 
+    /// An upper bound on the items of the array at the cursor whose items are all containers
+    /// (lists of objects), from a trusted cursor's index: the containers nested in it. `None`
+    /// when the cursor does not know (not trusted, or not at an array).
+    #[inline(always)]
+    pub fn object_items_bound(&self) -> Option<usize> {
+        if !self.trusted || self.bytes().get(self.pos) != Some(&b'[') {
+            return None;
+        }
+        let pos = self.pos;
+        let i = match self.spans.get(self.ordinal) {
+            Some(s) if s.open as usize == pos => self.ordinal,
+            _ => self
+                .spans
+                .binary_search_by_key(&pos, |s| s.open as usize)
+                .ok()?,
+        };
+        (self.spans.get(i)?.after as usize).checked_sub(i + 1)
+    }
+
+    /// The common road of a small object in compact text whose members are strings without
+    /// escapes, or `true`/`false` (an env entry `{"name":"A","value":"B"}`, a volume mount): calls
+    /// `member` with each key and string value (`None` for a boolean) in order, and returns true
+    /// past the closing brace. It returns false, with the cursor where it was, on anything else
+    /// (whitespace, an escape, a number, `null`, a nested container) or when `member` returns
+    /// false; the caller then reads the object with [`Cursor::object`] and must forget what
+    /// `member` was given. What it accepts is exactly valid JSON, checked or trusted alike.
+    #[inline(always)]
+    pub fn flat_object(
+        &mut self,
+        mut member: impl FnMut(&'a str, Option<&'a str>) -> bool,
+    ) -> bool {
+        let bytes = self.bytes();
+        let mut pos = self.pos;
+        if bytes.get(pos) != Some(&b'{') {
+            return false;
+        }
+        pos += 1;
+        if bytes.get(pos) == Some(&b'}') {
+            self.pos = pos + 1;
+            self.ordinal += 1;
+            return true;
+        }
+        loop {
+            // A key and its colon.
+            let Some(key) = self.plain_at(pos) else {
+                return false;
+            };
+            pos += key.len() + 2;
+            if bytes.get(pos) != Some(&b':') {
+                return false;
+            }
+            pos += 1;
+            // The value.
+            match bytes.get(pos) {
+                Some(b'"') => {
+                    let Some(value) = self.plain_at(pos) else {
+                        return false;
+                    };
+                    pos += value.len() + 2;
+                    if !member(key, Some(value)) {
+                        return false;
+                    }
+                }
+                Some(b't') if bytes.get(pos..pos + 4) == Some(b"true") => {
+                    pos += 4;
+                    if !member(key, None) {
+                        return false;
+                    }
+                }
+                Some(b'f') if bytes.get(pos..pos + 5) == Some(b"false") => {
+                    pos += 5;
+                    if !member(key, None) {
+                        return false;
+                    }
+                }
+                _ => return false,
+            }
+            match bytes.get(pos) {
+                Some(b',') => pos += 1,
+                Some(b'}') => {
+                    self.pos = pos + 1;
+                    self.ordinal += 1;
+                    return true;
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// The body of the string whose opening quote is at `pos`, when it holds no escape (and so
+    /// ends at the first `"`, with no control character before it).
+    #[inline(always)]
+    fn plain_at(&self, pos: usize) -> Option<&'a str> {
+        let bytes = self.bytes();
+        if *bytes.get(pos)? != b'"' {
+            return None;
+        }
+        let start = pos + 1;
+        let end = start + string_stop(bytes.get(start..)?)?;
+        if *bytes.get(end)? != b'"' {
+            return None;
+        }
+        self.text.get(start..end)
+    }
+
     /// Opens an array; read its items with [`Cursor::item`].
     pub fn array(&mut self) -> Result<Members, Error> {
         match self.peek() {
