@@ -149,10 +149,10 @@ fn cpu_us(n: u32, mut f: impl FnMut(u32)) -> Option<f64> {
 }
 
 /// A table of CPU µs per call, the slow and fast paths side by side; skipped where
-/// /proc/thread-self/schedstat is missing. Runs after criterion unless a filter was given.
+/// the thread CPU clock is missing. Runs after criterion unless a filter was given.
 fn cpu_table() {
     if thread_cpu_ns().is_none() {
-        println!("(no /proc/thread-self/schedstat: CPU-time table skipped)");
+        println!("(no thread CPU clock: CPU-time table skipped)");
         return;
     }
     let ns = NamespaceContext {
@@ -181,8 +181,8 @@ fn cpu_table() {
                 .filter_map(|_| cpu_us(n, &mut *f))
                 .fold(f64::INFINITY, f64::min)
         };
-        // Batches of about 40 MB of input, long enough (≥ 100 ms) that the scheduler's tick-grained
-        // accounting of a running thread stays within a few percent.
+        // Batches of about 40 MB of input (tens of milliseconds): long enough to average over
+        // caches and interrupts, short enough that one of five escapes the other tenants.
         let n = u32::try_from((40_000_000 / pod.len()).clamp(200, 10_000)).unwrap_or(1000);
         let scan = best(n, &mut |_| {
             let _ = std::hint::black_box(serde_json::from_str::<serde::de::IgnoredAny>(pod));

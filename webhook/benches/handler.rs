@@ -107,7 +107,7 @@ fn main() {
         return;
     }
     if thread_cpu_ns().is_none() {
-        println!("(no /proc/thread-self/schedstat: nothing to measure)");
+        println!("(no thread CPU clock: nothing to measure)");
         return;
     }
     println!(

@@ -122,7 +122,8 @@ impl<'s> NameSet<'s> {
         };
         NameSet { lengths, names }
     }
-    #[inline]
+    /// Inlined: it runs for every env name and mount path of every application container.
+    #[inline(always)]
     fn contains(&self, name: &str) -> bool {
         if self.lengths & fingerprint(name) == 0 {
             return false;
@@ -137,6 +138,7 @@ impl<'s> NameSet<'s> {
     }
 }
 
+#[inline(always)]
 fn fingerprint(name: &str) -> u64 {
     let b = name.as_bytes();
     let first = usize::from(b.first().copied().unwrap_or(0));
@@ -733,8 +735,10 @@ where
     let mut ours = Vec::new();
     let mut taken: Vec<&str> = Vec::new();
     if !recorded.is_empty() || !desired_keys.is_empty() {
+        // Most pods carry no earlier injection: then only the desired keys are looked up.
+        let any_recorded = !recorded.is_empty();
         for (j, key) in pod_keys.enumerate() {
-            if recorded.contains(key) {
+            if any_recorded && recorded.contains(key) {
                 ours.push((j, key));
             } else if desired_keys.contains(key) {
                 taken.push(key);
