@@ -82,6 +82,14 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("patch-warm", name), &req, |b, req| {
             b.iter(|| inject(&sidecar, req))
         });
+        // What the webhook runs per request: the envelope's parse has validated the object (and
+        // indexed its containers), so the engine reads it without checking it again.
+        let validated = splice_webhook::json::validate(pod).expect("fixture is JSON");
+        group.bench_with_input(
+            BenchmarkId::new("patch-warm-webhook", name),
+            &req,
+            |b, req| b.iter(|| inject_validated(&sidecar, req, &validated)),
+        );
         group.bench_with_input(BenchmarkId::new("patch-cold", name), &req, |b, req| {
             b.iter_batched_ref(
                 || compile(POLICY),
