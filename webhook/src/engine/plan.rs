@@ -239,7 +239,6 @@ fn push_names<'s>(out: &mut String, items: impl ExactSizeIterator<Item = &'s str
 }
 
 /// The "injected: …" summary, one part per kind of item, built in one string.
-#[derive(Default)]
 struct Summary(String);
 
 impl Summary {
@@ -307,8 +306,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
         hash,
         ..EntryRef::default()
     };
-    let mut spec_ops: Vec<Op<'x>> = Vec::new();
-    let mut injected = Summary::default();
+    // Sized for a typical sidecar policy, so that neither grows while the plan is built.
+    let mut spec_ops: Vec<Op<'x>> = Vec::with_capacity(16);
+    let mut injected = Summary(String::with_capacity(256));
     let mut any_list_changed = false;
 
     if operation == Operation::Create {
@@ -602,7 +602,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
 
     // Labels and annotations, compared key by key.
     let meta = view.metadata.as_ref();
-    let mut meta_ops: Vec<Op<'x>> = Vec::new();
+    let mut meta_ops: Vec<Op<'x>> = Vec::with_capacity(8);
     let pod_labels = meta.and_then(|m| m.labels.as_ref());
     let (labels_added, owned) = plan_map(
         policy,
@@ -649,7 +649,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
         let text = if status.entries.keys().all(|k| k == policy) {
             // The common case, only this policy on the pod: written straight into the escaped
             // form the patch carries, with no intermediate JSON tree or string.
-            let mut text = Vec::with_capacity(384);
+            let mut text = Vec::with_capacity(1024);
             text.push(b'{');
             push_name(&mut text, policy, true);
             text.push(b':');

@@ -132,7 +132,8 @@ impl<'a, V> Entries<'a, V> {
 impl<'a, T: FromJson<'a>> FromJson<'a> for Entries<'a, T> {
     fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
         let mut members = c.object()?;
-        let mut out: Vec<(Str<'a>, T)> = Vec::new();
+        // Room for a typical pod's labels or annotations without growing.
+        let mut out: Vec<(Str<'a>, T)> = Vec::with_capacity(8);
         while let Some(k) = c.key(&mut members)? {
             let v = T::read(c)?;
             // JSON objects with a repeated key keep the last value, as serde_json::Value and the
@@ -241,6 +242,8 @@ macro_rules! object_view {
         object_view!(@struct $(#[$m])* $name<$lt> { $($field : $ty),* });
 
         impl<$lt> FromJson<$lt> for $name<$lt> {
+            // Inlined into its list's loop: one call per env entry was a tenth of its cost.
+            #[inline(always)]
             fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
                 let mut out = $name::default();
                 let flat = c.flat_object(|key, value| match key {
