@@ -235,10 +235,11 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
 /// Declares a struct that deserializes only from a JSON object, reading the listed keys and
 /// skipping every other one. A repeated key keeps its last value.
 ///
-/// A view declared `flat` (all its fields `Option<Str>`) first tries [`Cursor::flat_object`]:
-/// most env entries and volume mounts are objects of plain strings, read in one scan.
+/// A view declared `flat [keys]` (all its fields `Option<Str>`) first tries
+/// [`Cursor::flat_object`], which recognises the listed keys without scanning them: most env
+/// entries and volume mounts are objects of plain strings, read in one pass.
 macro_rules! object_view {
-    (flat $(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
+    (flat [$($known:literal),*] $(#[$m:meta])* $name:ident<$lt:lifetime> { $($field:ident : $ty:ty = $key:literal),* $(,)? }) => {
         object_view!(@struct $(#[$m])* $name<$lt> { $($field : $ty),* });
 
         impl<$lt> FromJson<$lt> for $name<$lt> {
@@ -246,7 +247,7 @@ macro_rules! object_view {
             #[inline(always)]
             fn read(c: &mut Cursor<$lt>) -> Result<Self, Error> {
                 let mut out = $name::default();
-                let flat = c.flat_object(|key, value| match key {
+                let flat = c.flat_object(&[$($known),*], |key, value| match key {
                     // A boolean where a string field is: the general reader names the error.
                     $($key => match value {
                         Some(v) => {
@@ -355,7 +356,8 @@ object_view! {
 }
 
 object_view! {
-    flat Named<'a> {
+    // The keys of an env entry or a volume, most common first.
+    flat ["name", "value"] Named<'a> {
         name: Option<Str<'a>> = "name",
     }
 }
@@ -369,7 +371,7 @@ object_view! {
 }
 
 object_view! {
-    flat Mount<'a> {
+    flat ["name", "mountPath", "readOnly"] Mount<'a> {
         mount_path: Option<Str<'a>> = "mountPath",
     }
 }
@@ -651,6 +653,17 @@ mod tests {
             (r#"{"name":"A","value":1}"#, Some("A"), None),
             (r#"{"name":null,"mountPath":null}"#, None, None),
             (r#"{"name":"A","valueFrom":{"name":"B"}}"#, Some("A"), None),
+            // Keys that start like the ones recognised whole.
+            (
+                r#"{"name2":"x","names":"y","name":"A","mountPathX":"/n"}"#,
+                Some("A"),
+                None,
+            ),
+            (
+                r#"{"nam":"x","value":"v","mountPat":"/n","mountPath":"/m"}"#,
+                None,
+                Some("/m"),
+            ),
         ];
         for (text, name, path) in cases {
             oracle::check(text).unwrap();

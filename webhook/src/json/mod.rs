@@ -1043,6 +1043,7 @@ impl<'a> Cursor<'a> {
     #[inline(always)]
     pub fn flat_object(
         &mut self,
+        known: &[&'static str],
         mut member: impl FnMut(&'a str, Option<&'a str>) -> bool,
     ) -> bool {
         let bytes = self.bytes();
@@ -1057,15 +1058,30 @@ impl<'a> Cursor<'a> {
             return true;
         }
         loop {
-            // A key and its colon.
-            let Some(key) = self.plain_at(pos) else {
-                return false;
+            // A key and its colon: a known key is recognised whole (`"name":`), without a scan
+            // for the end of the string.
+            let key = match known.iter().find(|k| {
+                let end = pos + 1 + k.len();
+                bytes.get(pos) == Some(&b'"')
+                    && bytes.get(pos + 1..end) == Some(k.as_bytes())
+                    && bytes.get(end..end + 2) == Some(b"\":")
+            }) {
+                Some(k) => {
+                    pos += k.len() + 3;
+                    *k
+                }
+                None => {
+                    let Some(key) = self.plain_at(pos) else {
+                        return false;
+                    };
+                    pos += key.len() + 2;
+                    if bytes.get(pos) != Some(&b':') {
+                        return false;
+                    }
+                    pos += 1;
+                    key
+                }
             };
-            pos += key.len() + 2;
-            if bytes.get(pos) != Some(&b':') {
-                return false;
-            }
-            pos += 1;
             // The value.
             match bytes.get(pos) {
                 Some(b'"') => {
