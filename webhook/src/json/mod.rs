@@ -905,17 +905,8 @@ impl<'a> Cursor<'a> {
     /// escape. `None` leaves the cursor where it was for the general reader.
     #[inline(always)]
     fn plain_string(&mut self) -> Option<&'a str> {
-        let bytes = self.bytes();
-        if *bytes.get(self.pos)? != b'"' {
-            return None;
-        }
-        let start = self.pos + 1;
-        let end = start + string_stop(bytes.get(start..)?)?;
-        if *bytes.get(end)? != b'"' {
-            return None;
-        }
-        let s = self.text.get(start..end)?;
-        self.pos = end + 1;
+        let s = self.plain_at(self.pos)?;
+        self.pos += s.len() + 2;
         Some(s)
     }
 
@@ -968,17 +959,13 @@ impl<'a> Cursor<'a> {
             b'"' if members.first => {}
             _ => return None,
         }
-        if *bytes.get(pos)? != b'"' {
+        let key = self.plain_at(pos)?;
+        let colon = pos + key.len() + 2;
+        if *bytes.get(colon)? != b':' {
             return None;
         }
-        let start = pos + 1;
-        let end = start + string_stop(bytes.get(start..)?)?;
-        if *bytes.get(end)? != b'"' || *bytes.get(end + 1)? != b':' {
-            return None;
-        }
-        let key = self.text.get(start..end)?;
         members.first = false;
-        self.pos = end + 2;
+        self.pos = colon + 1;
         Some(Some(key))
     }
 
@@ -1022,14 +1009,7 @@ impl<'a> Cursor<'a> {
         if !self.trusted || self.bytes().get(self.pos) != Some(&b'[') {
             return None;
         }
-        let pos = self.pos;
-        let i = match self.spans.get(self.ordinal) {
-            Some(s) if s.open as usize == pos => self.ordinal,
-            _ => self
-                .spans
-                .binary_search_by_key(&pos, |s| s.open as usize)
-                .ok()?,
-        };
+        let i = self.span_index(self.pos)?;
         (self.spans.get(i)?.after as usize).checked_sub(i + 1)
     }
 
@@ -1235,20 +1215,23 @@ impl<'a> Cursor<'a> {
     /// step, else found by its position (a reader opened a container some other way).
     #[inline(always)]
     fn span_at(&self, pos: usize) -> Option<Span> {
-        let spans = self.spans;
-        match spans.get(self.ordinal) {
-            Some(s) if s.open as usize == pos => Some(*s),
-            _ => self.span_by_position(pos),
+        self.spans.get(self.span_index(pos)?).copied()
+    }
+
+    /// The ordinal of the container opening at `pos` (see [`Cursor::span_at`]).
+    #[inline(always)]
+    fn span_index(&self, pos: usize) -> Option<usize> {
+        match self.spans.get(self.ordinal) {
+            Some(s) if s.open as usize == pos => Some(self.ordinal),
+            _ => self.span_index_by_position(pos),
         }
     }
 
     #[cold]
-    fn span_by_position(&self, pos: usize) -> Option<Span> {
-        let i = self
-            .spans
+    fn span_index_by_position(&self, pos: usize) -> Option<usize> {
+        self.spans
             .binary_search_by_key(&pos, |s| s.open as usize)
-            .ok()?;
-        self.spans.get(i).copied()
+            .ok()
     }
 
     /// Skips a value of validated text: strings end at the first unescaped `"`, containers when
