@@ -192,8 +192,8 @@ impl<T> Deref for List<T> {
     }
 }
 
-/// Room for the lists of objects past which a list grows as it reads (a container's nested
-/// objects count towards the bound too).
+/// The most room a list is given up front: the index's count also takes in objects nested inside
+/// the items (a container's probes and resources), so it can overstate a long list's items.
 const BOUNDED: usize = 64;
 
 impl<'a, T: FromJson<'a>> FromJson<'a> for List<T> {
