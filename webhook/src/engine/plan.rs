@@ -419,33 +419,17 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
                 // Env.
                 let rec_env =
                     NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
-                let pod_env: &[Named<'_>] = c.env.as_deref().unwrap_or(&[]);
-                let (ours, desired) = split_list(
-                    pod_env.iter().map(Named::name),
-                    &rec_env,
-                    &env_keys,
-                    &rendered.env,
+                let env_plan = container_list(
+                    &mut spec_ops,
+                    List::Container(ci, "/env", "/env/-"),
+                    c.env.as_deref().map(|l| l.iter().map(Named::name)),
+                    (&rec_env, &env_keys, &rendered.env),
                     (&mut env_kept, cname),
-                );
-                let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
-                let raw_env: Option<Vec<Raw<'_>>> = if needs_raw {
-                    raw_container(&mut raw_c, raw_containers, ci)?.env.clone()
-                } else {
-                    None
-                };
-                let env_plan = ListPlan::new(ours, desired, hash_same, |j| {
-                    Ok(raw_env.as_ref().and_then(|l| l.get(j).copied()))
-                })?;
-                if env_plan.changed {
-                    emit_list(
-                        &mut spec_ops,
-                        List::Container(ci, "/env", "/env/-"),
-                        c.env.is_none(),
-                        &env_plan,
-                    );
-                    if !env_plan.add.is_empty() {
-                        env_into.push(cname);
-                    }
+                    hash_same,
+                    || Ok(raw_container(&mut raw_c, raw_containers, ci)?.env.clone()),
+                )?;
+                if env_plan.changed && !env_plan.add.is_empty() {
+                    env_into.push(cname);
                 }
                 if !env_plan.add.is_empty() {
                     new_entry.env.push((cname, Names::Items(env_plan.add)));
@@ -459,35 +443,23 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
                         .flatten()
                         .map(String::as_str),
                 );
-                let pod_mounts = c.volume_mounts.as_deref().unwrap_or(&[]);
-                let (ours, desired) = split_list(
-                    pod_mounts.iter().map(Mount::path),
-                    &rec_m,
-                    &mount_keys,
-                    &rendered.volume_mounts,
+                let mount_plan = container_list(
+                    &mut spec_ops,
+                    List::Container(ci, "/volumeMounts", "/volumeMounts/-"),
+                    c.volume_mounts
+                        .as_deref()
+                        .map(|l| l.iter().map(Mount::path)),
+                    (&rec_m, &mount_keys, &rendered.volume_mounts),
                     (&mut mount_kept, cname),
-                );
-                let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
-                let raw_mounts: Option<Vec<Raw<'_>>> = if needs_raw {
-                    raw_container(&mut raw_c, raw_containers, ci)?
-                        .volume_mounts
-                        .clone()
-                } else {
-                    None
-                };
-                let mount_plan = ListPlan::new(ours, desired, hash_same, |j| {
-                    Ok(raw_mounts.as_ref().and_then(|l| l.get(j).copied()))
-                })?;
-                if mount_plan.changed {
-                    emit_list(
-                        &mut spec_ops,
-                        List::Container(ci, "/volumeMounts", "/volumeMounts/-"),
-                        c.volume_mounts.is_none(),
-                        &mount_plan,
-                    );
-                    if !mount_plan.add.is_empty() {
-                        mounts_into.push(cname);
-                    }
+                    hash_same,
+                    || {
+                        Ok(raw_container(&mut raw_c, raw_containers, ci)?
+                            .volume_mounts
+                            .clone())
+                    },
+                )?;
+                if mount_plan.changed && !mount_plan.add.is_empty() {
+                    mounts_into.push(cname);
                 }
                 if !mount_plan.add.is_empty() {
                     new_entry
@@ -718,6 +690,41 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
 /// Records that the pod's own `name` in container `c` kept an injected item out.
 /// Per container, the keys of the author's items that were kept over the policy's.
 type Kept<'s> = Vec<(&'s str, Vec<&'s str>)>;
+
+/// Plans one list of an application container (env, or volume mounts) and emits its operations.
+/// `pod_keys` are the keys of the container's items, `None` when it has no such list; `raw` gives
+/// the container's raw items of the list, asked for only when the items this policy injected
+/// earlier must be compared with what it would inject now.
+fn container_list<'s, 'x, 'r>(
+    ops: &mut Vec<Op<'x>>,
+    list: List,
+    pod_keys: Option<impl Iterator<Item = &'s str>>,
+    (recorded, desired_keys, rendered): (&NameSet<'_>, &NameSet<'_>, &'x [RItem<'x>]),
+    kept: (&mut Kept<'s>, &'s str),
+    hash_same: bool,
+    raw: impl FnOnce() -> Result<Option<Vec<Raw<'r>>>, EngineError>,
+) -> Result<ListPlan<'x>, EngineError>
+where
+    'x: 's,
+{
+    let absent = pod_keys.is_none();
+    let (ours, desired) = split_list(
+        pod_keys.into_iter().flatten(),
+        recorded,
+        desired_keys,
+        rendered,
+        kept,
+    );
+    let needs_raw = hash_same && !ours.is_empty() && ours.len() == desired.len();
+    let raw_items = if needs_raw { raw()? } else { None };
+    let plan = ListPlan::new(ours, desired, hash_same, |j| {
+        Ok(raw_items.as_ref().and_then(|l| l.get(j).copied()))
+    })?;
+    if plan.changed {
+        emit_list(ops, list, absent, &plan);
+    }
+    Ok(plan)
+}
 
 /// One list of an application container: the pod's items this policy recorded (index, key), and
 /// the rendered items to inject now, less those whose key an item the policy did not record
