@@ -265,7 +265,7 @@ impl OpValue<'_> {
 
 fn write_item(item: &RItem<'_>, out: &mut Writer) -> Result<(), serde_json::Error> {
     match &item.json {
-        Some(json) => out.fragment(json.borrowed()),
+        Some(json) => out.fragment(json),
         None => out.value(item.value.as_ref())?,
     }
     Ok(())

@@ -102,7 +102,7 @@ pub(crate) struct Plan<'x> {
 /// often share a length or a prefix, rarely all three.
 struct NameSet<'s> {
     /// The bit of every name's fingerprint.
-    lengths: u64,
+    mask: u64,
     names: SetNames<'s>,
 }
 
@@ -114,18 +114,18 @@ enum SetNames<'s> {
 impl<'s> NameSet<'s> {
     fn new(names: impl IntoIterator<Item = &'s str>) -> Self {
         let v: Vec<&str> = names.into_iter().collect();
-        let lengths = v.iter().fold(0, |m, n| m | fingerprint(n));
+        let mask = v.iter().fold(0, |m, n| m | fingerprint(n));
         let names = if v.len() <= 8 {
             SetNames::Small(v)
         } else {
             SetNames::Hashed(v.into_iter().collect())
         };
-        NameSet { lengths, names }
+        NameSet { mask, names }
     }
     /// Inlined: it runs for every env name and mount path of every application container.
     #[inline(always)]
     fn contains(&self, name: &str) -> bool {
-        if self.lengths & fingerprint(name) == 0 {
+        if self.mask & fingerprint(name) == 0 {
             return false;
         }
         match &self.names {
@@ -134,7 +134,7 @@ impl<'s> NameSet<'s> {
         }
     }
     fn is_empty(&self) -> bool {
-        self.lengths == 0
+        self.mask == 0
     }
 }
 
@@ -687,7 +687,6 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
     Ok(Plan { ops, warnings })
 }
 
-/// Records that the pod's own `name` in container `c` kept an injected item out.
 /// Per container, the keys of the author's items that were kept over the policy's.
 type Kept<'s> = Vec<(&'s str, Vec<&'s str>)>;
 
@@ -769,6 +768,7 @@ where
     (ours, desired)
 }
 
+/// Records that the pod's own `name` in container `c` kept an injected item out.
 fn kept<'s>(list: &mut Kept<'s>, c: &'s str, name: &'s str) {
     match list.iter_mut().find(|(k, _)| *k == c) {
         Some((_, names)) => names.push(name),
@@ -832,7 +832,7 @@ fn plan_map<'x, V>(
     let mut owned = Vec::new();
     let mut new_map: Vec<(Cow<'x, str>, Text<'x>)> = Vec::new();
     for (k, value) in desired {
-        let key: &&'x str = &k.as_ref();
+        let key: &'x str = k;
         if what == "label" {
             validate::label_value(value).map_err(|e| EngineError::InvalidRender {
                 policy: policy.to_owned(),
@@ -847,16 +847,16 @@ fn plan_map<'x, V>(
         let ours = recorded.iter().any(|r| r == key);
         match pod.and_then(|p| p.get(key)) {
             None => {
-                added.push(*key);
-                owned.push(*key);
+                added.push(key);
+                owned.push(key);
                 if pod.is_none() {
                     new_map.push((
-                        Cow::Borrowed(*key),
+                        Cow::Borrowed(key),
                         Text::Plain(Cow::Borrowed(value.as_ref())),
                     ));
                 } else {
                     ops.push(Op::Add(
-                        Path::Key(base, Cow::Borrowed(*key)),
+                        Path::Key(base, Cow::Borrowed(key)),
                         OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
                     ));
                 }
@@ -864,11 +864,11 @@ fn plan_map<'x, V>(
             Some(current) => {
                 let current = decode(current)?;
                 if ours {
-                    owned.push(*key);
+                    owned.push(key);
                     if current != *value {
-                        added.push(*key);
+                        added.push(key);
                         ops.push(Op::Replace(
-                            Path::Key(base, Cow::Borrowed(*key)),
+                            Path::Key(base, Cow::Borrowed(key)),
                             OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
                         ));
                     }

@@ -111,20 +111,6 @@ impl Fragment {
     pub fn json_len(&self) -> usize {
         self.json.len()
     }
-
-    pub fn borrowed(&self) -> FragmentRef<'_> {
-        FragmentRef {
-            json: &self.json,
-            b64: &self.b64,
-        }
-    }
-}
-
-/// A borrowed [`Fragment`].
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FragmentRef<'f> {
-    pub json: &'f str,
-    pub b64: &'f str,
 }
 
 /// JSON text being written, with the base64 of everything up to the last fragment already done.
@@ -175,7 +161,7 @@ impl Writer {
 
     /// Writes a constant JSON value. Call it only where a JSON value may start: the spaces it may
     /// write first must fall between two tokens.
-    pub fn fragment(&mut self, f: FragmentRef<'_>) {
+    pub fn fragment(&mut self, f: &Fragment) {
         while !self.json.len().is_multiple_of(3) {
             self.json.push(b' ');
         }
@@ -384,7 +370,7 @@ mod tests {
                 }
                 let json = serde_json::to_string(s).unwrap();
                 if *constant {
-                    w.fragment(Fragment::new(&json).borrowed());
+                    w.fragment(&Fragment::new(&json));
                 } else {
                     w.string(s);
                 }
