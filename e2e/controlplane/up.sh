@@ -54,6 +54,10 @@ issue apiserver "/CN=kube-apiserver" \
   "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 client_ext="basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth"
 issue admin "/O=system:masters/CN=splice-admin" "$client_ext"
+# Served by the controller-manager, so tests can read its garbage collector's graph
+# (/debug/controllers/garbage-collector-controller/graph) over TLS verified by the same CA.
+issue controller-manager-serving "/CN=kube-controller-manager" \
+  "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1"
 issue controller-manager "/CN=system:kube-controller-manager" "$client_ext"
 issue scheduler "/CN=system:kube-scheduler" "$client_ext"
 issue kwok "/O=system:masters/CN=kwok" "$client_ext"
@@ -117,6 +121,8 @@ launch kube-controller-manager "$BIN_DIR/kube-controller-manager" \
   --authentication-kubeconfig "$RUN_DIR/controller-manager.kubeconfig" \
   --authorization-kubeconfig "$RUN_DIR/controller-manager.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$CONTROLLER_MANAGER_PORT" \
+  --tls-cert-file "$pki/controller-manager-serving.crt" \
+  --tls-private-key-file "$pki/controller-manager-serving.key" \
   --leader-elect=false --use-service-account-credentials=true \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
@@ -129,7 +135,8 @@ launch kube-scheduler "$BIN_DIR/kube-scheduler" \
   --authorization-kubeconfig "$RUN_DIR/scheduler.kubeconfig" \
   --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" \
   --leader-elect=false --profiling=false
-wait_for kube-controller-manager 60 curl -fsSk "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz"
+wait_for kube-controller-manager 60 curl -fsS --cacert "$pki/ca.crt" "https://127.0.0.1:$CONTROLLER_MANAGER_PORT/healthz"
+echo "https://127.0.0.1:$CONTROLLER_MANAGER_PORT" > "$RUN_DIR/controller-manager.url"
 wait_for kube-scheduler 60 curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz"
 
 # kwok only manages nodes carrying this annotation, so it never touches anything else.

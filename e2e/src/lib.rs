@@ -55,8 +55,8 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A client for the local control plane, as the admin user.
-pub async fn client() -> Result<Client> {
+/// The admin user's client configuration for the local control plane.
+async fn admin_config() -> Result<Config> {
     let path = kubeconfig_path();
     let kubeconfig = Kubeconfig::read_from(&path).with_context(|| {
         format!(
@@ -64,8 +64,35 @@ pub async fn client() -> Result<Client> {
             path.display()
         )
     })?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(config)?)
+    Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+}
+
+/// A client for the local control plane, as the admin user.
+pub async fn client() -> Result<Client> {
+    Ok(Client::try_from(admin_config().await?)?)
+}
+
+/// Whether kube-controller-manager's garbage collector follows the object with `uid` through
+/// an informer of its kind. Until it does, the collector knows the object only as the owner named
+/// by a dependent's ownerReference, and it rediscovers kinds only every 30 s: a custom resource
+/// deleted together with a CRD created less than that ago can leave its dependents behind for
+/// good, because the collector can no longer map the kind to look the owner up.
+pub async fn garbage_collector_observes(uid: &str) -> Result<bool> {
+    let url_file = kubeconfig_path().with_file_name("controller-manager.url");
+    let url = std::fs::read_to_string(&url_file)
+        .with_context(|| format!("reading {}", url_file.display()))?;
+    let mut config = admin_config().await?;
+    config.cluster_url = url.trim().parse().context("the controller-manager URL")?;
+    let request = http::Request::get(format!(
+        "/debug/controllers/garbage-collector-controller/graph?uid={uid}"
+    ))
+    .body(Vec::new())?;
+    let graph = Client::try_from(config)?.request_text(request).await?;
+    // The graph is DOT: one `"<uid>" [ key="value" ... ];` block per node.
+    Ok(graph
+        .split("];")
+        .find(|node| node.contains(&format!("uid=\"{uid}\"")))
+        .is_some_and(|node| node.contains("virtual=\"false\"")))
 }
 
 /// A namespace owned by one test, deleted when dropped.

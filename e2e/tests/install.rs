@@ -21,6 +21,7 @@ use kube::Client;
 use kube::api::Api;
 use operator::*;
 use serde_json::{Value, json};
+use splice_crds::InjectionPolicy;
 use splice_e2e::{TestNamespace, controlplane_bin_dir, repo_root, unique_suffix, wait_until};
 
 const NAMESPACE: &str = "splice-system";
@@ -138,6 +139,20 @@ async fn install_and_make_a_policy(client: &Client, dir: &Path, tag: &str) -> Re
         .with_context(|| format!("see {}", splice.log.display()))?;
     wait_injecting(client, &app.name, &[], "proxy").await?;
     ensure!(configurations_of(client, &name).await? == 1);
+    // What a real uninstall can count on, since it comes long after the install: the garbage
+    // collector follows the policy's kind (see garbage_collector_observes).
+    let uid = Api::<InjectionPolicy>::all(client.clone())
+        .get(&name)
+        .await?
+        .metadata
+        .uid
+        .context("the policy has no uid")?;
+    wait_until(
+        Duration::from_secs(60),
+        &format!("the garbage collector to follow policy {name}"),
+        || splice_e2e::garbage_collector_observes(&uid),
+    )
+    .await?;
     let log = std::fs::read_to_string(&splice.log).unwrap_or_default();
     ensure!(
         !log.contains("forbidden"),
