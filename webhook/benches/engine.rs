@@ -7,7 +7,6 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use splice_crds::Operation;
 use splice_webhook::engine::{
     CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
-    inject_validated,
 };
 
 mod common;
@@ -68,7 +67,8 @@ fn bench(c: &mut Criterion) {
     }
     group.finish();
 
-    // The webhook's patch path against the offline full path (which also builds the mutated
+    // The patch path (what the webhook runs per request, and `splice inject` without the
+    // mutated object) against the offline full path (which also builds the mutated
     // object) and against the first request after a policy (re)load, whose rendering is not
     // cached yet: the ratios document what the fast path saves.
     let mut group = c.benchmark_group("path");
@@ -82,14 +82,6 @@ fn bench(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("patch-warm", name), &req, |b, req| {
             b.iter(|| inject(&sidecar, req))
         });
-        // What the webhook runs per request: the envelope's parse has validated the object (and
-        // indexed its containers), so the engine reads it without checking it again.
-        let validated = splice_webhook::json::validate(pod).expect("fixture is JSON");
-        group.bench_with_input(
-            BenchmarkId::new("patch-warm-webhook", name),
-            &req,
-            |b, req| b.iter(|| inject_validated(&sidecar, req, &validated)),
-        );
         group.bench_with_input(BenchmarkId::new("patch-cold", name), &req, |b, req| {
             b.iter_batched_ref(
                 || compile(POLICY),
@@ -174,9 +166,9 @@ fn cpu_table() {
         load_average()
     );
     println!(
-        "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook: validated object) | patch, warm (validating read) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
+        "| pod | scan only (IgnoredAny) | scan only (cursor) | parse to Value | patch, warm (webhook and offline) | patch, first request after a policy load | patch + mutated object (offline) | full / warm |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for (name, pod) in PODS {
         let req = PodRequest {
             operation: Operation::Create,
@@ -201,11 +193,7 @@ fn cpu_table() {
         let value = best(n, &mut |_| {
             let _ = std::hint::black_box(serde_json::from_str::<serde_json::Value>(pod));
         });
-        let validated = splice_webhook::json::validate(pod).expect("fixture is JSON");
         let patch = best(n, &mut |_| {
-            let _ = std::hint::black_box(inject_validated(&warm, &req, &validated));
-        });
-        let checked = best(n, &mut |_| {
             let _ = std::hint::black_box(inject(&warm, &req));
         });
         let fresh: Vec<CompiledPolicy> = (0..100).map(|_| compile(POLICY)).collect();
@@ -217,7 +205,7 @@ fn cpu_table() {
             let _ = std::hint::black_box(inject_and_apply(&warm, &req));
         });
         println!(
-            "| {name} ({} B) | {scan:.1} | {cursor:.1} | {value:.1} | {patch:.1} | {checked:.1} | {cold:.1} | {full:.1} | {:.1}× |",
+            "| {name} ({} B) | {scan:.1} | {cursor:.1} | {value:.1} | {patch:.1} | {cold:.1} | {full:.1} | {:.1}× |",
             pod.len(),
             full / patch
         );
@@ -226,8 +214,8 @@ fn cpu_table() {
 
 /// `ENGINE_CALLS=N`: the warm patch path on the 8.5 KB pod N times and nothing else, for counting
 /// instructions under valgrind (`--tool=callgrind --toggle-collect='*engine::inject*'`), a figure
-/// that machine load does not move. The object comes validated, as from the webhook's envelope;
-/// `ENGINE_VALIDATING=1` measures the offline path's validating read instead.
+/// that machine load does not move. It reads the object as the webhook does: checked and viewed
+/// in one pass.
 fn calls_only(n: u32) {
     let ns = NamespaceContext {
         name: "shop".into(),
@@ -241,19 +229,8 @@ fn calls_only(n: u32) {
         namespace: &ns,
         exclusions: &exclusions,
     };
-    let validated = splice_webhook::json::validate(req.object).expect("fixture is JSON");
-    if std::env::var_os("ENGINE_VALIDATING").is_some() {
-        for _ in 0..n {
-            let _ = std::hint::black_box(inject(&warm, std::hint::black_box(&req)));
-        }
-    } else {
-        for _ in 0..n {
-            let _ = std::hint::black_box(inject_validated(
-                &warm,
-                std::hint::black_box(&req),
-                &validated,
-            ));
-        }
+    for _ in 0..n {
+        let _ = std::hint::black_box(inject(&warm, std::hint::black_box(&req)));
     }
 }
 

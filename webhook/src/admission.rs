@@ -7,8 +7,9 @@
 
 use std::borrow::Cow;
 
+use crate::engine::ReadObject;
 use crate::engine::wire::push_json_str;
-use crate::json::{self, Cursor, Validated};
+use crate::json::{self, Cursor};
 
 /// The only AdmissionReview version Splice registers for (`admissionReviewVersions: [v1]`).
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -31,7 +32,7 @@ struct WireRequest<'a> {
     operation: Option<Cow<'a, str>>,
     namespace: Option<Cow<'a, str>>,
     name: Option<Cow<'a, str>>,
-    object: Option<Validated<'a>>,
+    object: Option<ReadObject<'a>>,
     dry_run: Option<bool>,
 }
 
@@ -93,7 +94,7 @@ fn read_request<'a>(c: &mut Cursor<'a>) -> Result<WireRequest<'a>, json::Error> 
             "operation" => field(c, &mut operation, text)?,
             "namespace" => field(c, &mut namespace, text)?,
             "name" => field(c, &mut name, text)?,
-            "object" => field(c, &mut object, Cursor::validated_value)?,
+            "object" => field(c, &mut object, ReadObject::read)?,
             "dryRun" => field(c, &mut dry_run, Cursor::boolean)?,
             _ => c.skip_value()?,
         }
@@ -172,9 +173,9 @@ pub struct Review<'a> {
     pub is_pod: bool,
     pub namespace: Cow<'a, str>,
     pub name: Option<Cow<'a, str>>,
-    /// The incoming object, verbatim and checked to be JSON. Present for every CREATE and UPDATE
-    /// of a pod. The proof of the check lets the engine skip what it does not read unchecked.
-    pub object: Option<Validated<'a>>,
+    /// The incoming object, verbatim and checked to be JSON, with the engine's view of it read in
+    /// the same pass. Present for every CREATE and UPDATE of a pod.
+    pub object: Option<ReadObject<'a>>,
     pub dry_run: bool,
 }
 
@@ -519,8 +520,8 @@ mod serde_oracle {
             is_pod,
             namespace,
             name: text(request.name).filter(|n| !n.is_empty()),
-            // serde checked the object already; the proof only comes from the json module.
-            object: object.and_then(|o| crate::json::validate(o.get()).ok()),
+            // serde checked the object already; the pod view comes from the engine's reader.
+            object: object.and_then(|o| crate::engine::ReadObject::from_text(o.get()).ok()),
             dry_run: request.dry_run.unwrap_or(false),
         })
     }
@@ -558,6 +559,50 @@ mod tests {
             matches!(r.uid, Cow::Borrowed(_)),
             "uid should borrow from the body"
         );
+    }
+
+    /// The object of POD_CREATE with `spec.containers` a string: JSON, but no pod.
+    const MISSHAPEN: &str = r#"{"metadata":{"name":"p"},"spec":{"containers":"app"}}"#;
+
+    #[test]
+    fn a_misshapen_object_is_still_checked_to_its_end() {
+        let pod = r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#;
+        let body = review(&POD_CREATE.replace(pod, MISSHAPEN));
+        assert!(parse_review(body.as_bytes()).is_ok());
+        // A syntax error after the misshapen field is the body's: a 400, not an engine error.
+        let broken = MISSHAPEN.replace("}}", r#"},"x":[1 2]}"#);
+        let body = review(&POD_CREATE.replace(pod, &broken));
+        assert_eq!(
+            parse_review(body.as_bytes()).unwrap_err().label(),
+            "not_json"
+        );
+    }
+
+    #[test]
+    fn a_misshapen_object_fails_the_engine_as_the_offline_read_fails_it() {
+        let pod = r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#;
+        let body = review(&POD_CREATE.replace(pod, MISSHAPEN));
+        let review = parse_review(body.as_bytes()).unwrap();
+        let object = review.object.unwrap();
+        assert_eq!(object.get(), MISSHAPEN);
+        let spec = serde_json::from_value(serde_json::json!({
+            "template": {"containers": [{"name": "proxy", "image": "r.invalid/p:1"}]}
+        }))
+        .unwrap();
+        let policy = crate::engine::CompiledPolicy::compile("p", 1, &spec).unwrap();
+        let namespace = crate::engine::NamespaceContext::default();
+        let exclusions = crate::engine::Exclusions::default_for("splice-system");
+        let request = crate::engine::PodRequest {
+            operation: splice_crds::Operation::Create,
+            object: object.get(),
+            namespace: &namespace,
+            exclusions: &exclusions,
+        };
+        let online = crate::engine::inject_read(&policy, &request, &object).unwrap_err();
+        let offline = crate::engine::inject(&policy, &request).unwrap_err();
+        // The same message, the offset counted from the object's start in both.
+        assert_eq!(online.to_string(), offline.to_string());
+        assert_eq!(online.label(), "invalid_object");
     }
 
     #[test]

@@ -27,9 +27,9 @@ pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
 
 use selector::Selector;
 use template::{Templates, first_duplicate};
-use view::{PodView, Str};
+use view::{FromJson, PodView, Str};
 
-use crate::json::Validated;
+use crate::json::{self, Cursor};
 
 /// The namespace a pod is admitted into, as templates and namespace selectors see it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -395,27 +395,63 @@ pub fn inject(policy: &CompiledPolicy, request: &PodRequest<'_>) -> Result<Decis
     Ok(run(policy, request, None, false)?.0)
 }
 
-/// Like [`inject`], for an object the caller already validated (the webhook's envelope read):
-/// when `object` is the very text of `request.object`, the engine skips what it does not read
-/// without checking it again. Any other `object` is ignored and `request.object` read as by
-/// [`inject`]; the decision is the same either way.
-pub fn inject_validated(
+/// Like [`inject`], for an object the webhook's envelope read already read: when `object` holds
+/// the very text of `request.object`, the engine uses its pod view instead of reading the text
+/// again. Any other `object` is ignored and `request.object` read as by [`inject`]; the decision
+/// is the same either way.
+pub fn inject_read(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
-    object: &Validated<'_>,
+    object: &ReadObject<'_>,
 ) -> Result<Decision, EngineError> {
     Ok(run(policy, request, Some(object), false)?.0)
 }
 
-/// The pod view of `request.object`, through the cheaper trusted read when `validated` proves it
-/// is JSON: the proof must cover the same bytes, not merely equal ones.
-fn read_view<'a>(
-    request: &PodRequest<'a>,
-    validated: Option<&'a Validated<'_>>,
-) -> Result<PodView<'a>, crate::json::Error> {
-    match validated.filter(|v| v.covers(request.object)) {
-        Some(v) => view::from_validated(v),
-        None => view::from_str(request.object),
+/// A value read in one pass that both checks it is JSON and reads the engine's pod view of it,
+/// as the webhook reads `request.object` inside the AdmissionReview: the object is then neither
+/// checked nor read a second time.
+#[derive(Debug)]
+pub struct ReadObject<'a> {
+    text: &'a str,
+    /// The pod view, or why the value (valid JSON) is not shaped like a pod, with its offset
+    /// counted from the value's start as a reading of the value alone would count it.
+    view: Result<PodView<'a>, json::Error>,
+}
+
+impl<'a> ReadObject<'a> {
+    /// Reads the value at the cursor. When it is not JSON the error is returned, as from a skip;
+    /// a value that is JSON but not shaped like a pod is checked to its end and kept with its
+    /// shape error, which the engine reports only if asked to inject into it.
+    pub fn read(c: &mut Cursor<'a>) -> Result<Self, json::Error> {
+        c.peek();
+        let start = c.offset();
+        let mut reader = c.clone();
+        let view = match PodView::read(&mut reader) {
+            Ok(view) => {
+                *c = reader;
+                Ok(view)
+            }
+            // The view stopped at the first misshapen field; a syntax error may still follow.
+            Err(e) if e.kind() == json::ErrorKind::Shape => {
+                c.skip_value()?;
+                Err(e.relative_to(start))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(ReadObject {
+            text: c.since(start),
+            view,
+        })
+    }
+
+    /// Reads a whole document as [`ReadObject::read`] reads a value inside one.
+    pub fn from_text(text: &'a str) -> Result<Self, json::Error> {
+        Cursor::new(text).document(Self::read)
+    }
+
+    /// The value's text, verbatim.
+    pub fn get(&self) -> &'a str {
+        self.text
     }
 }
 
@@ -472,15 +508,22 @@ fn precheck(
 fn run(
     policy: &CompiledPolicy,
     request: &PodRequest<'_>,
-    validated: Option<&Validated<'_>>,
+    read: Option<&ReadObject<'_>>,
     want_object: bool,
 ) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
-    let view: PodView<'_> =
-        read_view(request, validated).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
-    if let Some(reason) = precheck(policy, request, &view) {
+    let invalid = |e: &json::Error| EngineError::InvalidObject(e.to_string());
+    let fresh;
+    let view: &PodView<'_> = match read.filter(|r| std::ptr::eq(r.text, request.object)) {
+        Some(read) => read.view.as_ref().map_err(invalid)?,
+        None => {
+            fresh = view::from_str(request.object).map_err(|e| invalid(&e))?;
+            &fresh
+        }
+    };
+    if let Some(reason) = precheck(policy, request, view) {
         return Ok((Decision::Skip(reason), None));
     }
-    let status = plan::Status::read(&view, &policy.name);
+    let status = plan::Status::read(view, &policy.name);
 
     let deps = policy.templates.deps;
     let meta_only = request.operation == Operation::Update;
@@ -511,7 +554,7 @@ fn run(
         hash: &policy.hash,
         operation: request.operation,
         object: request.object,
-        view: &view,
+        view,
         status: &status,
         rendered,
     })?;

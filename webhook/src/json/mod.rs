@@ -69,6 +69,13 @@ impl Error {
         self.0.expected
     }
 
+    /// The same error with its offset counted from `start`: an error met in a value read inside
+    /// a larger text, reported against the value alone.
+    pub fn relative_to(mut self, start: usize) -> Self {
+        self.0.offset = self.0.offset.saturating_sub(start);
+        self
+    }
+
     pub fn is_eof(&self) -> bool {
         self.0.kind == ErrorKind::Eof
     }
@@ -99,151 +106,19 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// Validates `text` as one JSON value, as `serde_json::from_str::<IgnoredAny>` would.
-pub fn validate(text: &str) -> Result<Validated<'_>, Error> {
-    let mut index = Index::take();
+pub fn validate(text: &str) -> Result<(), Error> {
     let mut c = Cursor::new(text);
-    c.skip_indexed(0, &mut index)?;
-    c.finish()?;
-    Ok(Validated { text, index })
-}
-
-/// Text this module has checked to be exactly one JSON value (surrounding whitespace aside), with
-/// the index of its containers the check built. Only [`validate`] and [`Cursor::validated_value`]
-/// make one, so holding one proves the check ran: a cursor over it ([`Cursor::trusted`]) skips
-/// uninteresting values without re-checking them (a container by one index lookup), while
-/// strings it reads are still decoded in full.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Validated<'a> {
-    text: &'a str,
-    index: Index,
-}
-
-impl<'a> Validated<'a> {
-    pub fn get(&self) -> &'a str {
-        self.text
-    }
-
-    /// True when `text` is the very slice this proof covers (same address and length; equal
-    /// bytes elsewhere are not enough).
-    pub fn covers(&self, text: &str) -> bool {
-        std::ptr::eq(self.text, text)
-    }
-
-    /// How many containers (objects and arrays) the value holds, itself included.
-    pub fn containers(&self) -> usize {
-        self.index.spans.len()
-    }
-}
-
-/// One container of validated text, by offsets from the text's start: where it opens, the offset
-/// just past its closing bracket, and the ordinal (in document order of openings) of the first
-/// container after it, so that a skip also knows how many containers it passed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Span {
-    open: u32,
-    end: u32,
-    after: u32,
-}
-
-/// The containers of a validated text in document order of their openings. Its buffer goes back
-/// to a per-thread spare when dropped, so a request reuses the previous one's allocation.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-struct Index {
-    spans: Vec<Span>,
-}
-
-thread_local! {
-    static SPARE: std::cell::Cell<Vec<Span>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-impl Index {
-    fn take() -> Self {
-        let mut spans = SPARE.try_with(std::cell::Cell::take).unwrap_or_default();
-        spans.clear();
-        Index { spans }
-    }
-}
-
-impl Drop for Index {
-    fn drop(&mut self) {
-        let spans = std::mem::take(&mut self.spans);
-        if spans.capacity() == 0 {
-            return;
-        }
-        // Keep the larger buffer of the two; a thread being torn down just frees it.
-        let _ = SPARE.try_with(|spare| {
-            let other = spare.take();
-            spare.set(if spans.capacity() >= other.capacity() {
-                spans
-            } else {
-                other
-            });
-        });
-    }
-}
-
-/// What the checking skip reports about the containers it passes.
-trait Record {
-    fn open(&mut self, at: usize);
-    fn close(&mut self, end: usize);
-    /// Forgets what was recorded: the fast pass gave up and the exact one starts over.
-    fn reset(&mut self);
-}
-
-/// Records nothing: the skips of values no one will read again.
-struct NoRecord;
-
-impl Record for NoRecord {
-    #[inline(always)]
-    fn open(&mut self, _: usize) {}
-    #[inline(always)]
-    fn close(&mut self, _: usize) {}
-    fn reset(&mut self) {}
-}
-
-/// Builds an [`Index`]. While a container is open its span's `end` holds the ordinal of the
-/// container around it, so no separate stack is needed.
-struct Builder<'i> {
-    base: usize,
-    spans: &'i mut Vec<Span>,
-    current: u32,
-}
-
-impl Record for Builder<'_> {
-    #[inline(always)]
-    fn open(&mut self, at: usize) {
-        let parent = self.current;
-        self.current = self.spans.len() as u32;
-        self.spans.push(Span {
-            open: (at - self.base) as u32,
-            end: parent,
-            after: 0,
-        });
-    }
-
-    #[inline(always)]
-    fn close(&mut self, end: usize) {
-        let after = self.spans.len() as u32;
-        if let Some(span) = self.spans.get_mut(self.current as usize) {
-            self.current = span.end;
-            span.end = (end - self.base) as u32;
-            span.after = after;
-        }
-    }
-
-    fn reset(&mut self) {
-        self.spans.clear();
-        self.current = u32::MAX;
-    }
+    c.skip_value()?;
+    c.finish()
 }
 
 /// The checking skip's fast pass over the value at `pos`: one loop, nothing but positions in
 /// registers, no error values. It returns the end of the value, or `None` when the value is not
-/// JSON or leaves the common road (nesting past 64 levels); [`Cursor::skip_checked`] then runs
+/// JSON or leaves the common road (nesting past 64 levels); [`Cursor::skip_value`] then runs
 /// the exact pass, which decides and names the error. It accepts only what the exact pass
 /// accepts, so acceptance is the exact pass's either way.
 #[inline(always)]
-fn fast_skip<R: Record>(bytes: &[u8], mut pos: usize, rec: &mut R) -> Option<usize> {
+fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
     // One bit per open container, innermost lowest: set for an object.
     let mut stack: u64 = 0;
     let mut depth: u32 = 0;
@@ -252,13 +127,9 @@ fn fast_skip<R: Record>(bytes: &[u8], mut pos: usize, rec: &mut R) -> Option<usi
         match *bytes.get(pos)? {
             b'"' => pos = fast_string(bytes, pos + 1)?,
             b'{' => {
-                rec.open(pos);
                 pos = fast_ws(bytes, pos + 1);
                 match *bytes.get(pos)? {
-                    b'}' => {
-                        pos += 1;
-                        rec.close(pos);
-                    }
+                    b'}' => pos += 1,
                     b'"' if depth < 64 => {
                         stack = stack << 1 | 1;
                         depth += 1;
@@ -269,11 +140,9 @@ fn fast_skip<R: Record>(bytes: &[u8], mut pos: usize, rec: &mut R) -> Option<usi
                 }
             }
             b'[' => {
-                rec.open(pos);
                 pos = fast_ws(bytes, pos + 1);
                 if *bytes.get(pos)? == b']' {
                     pos += 1;
-                    rec.close(pos);
                 } else if depth < 64 {
                     stack <<= 1;
                     depth += 1;
@@ -311,7 +180,6 @@ fn fast_skip<R: Record>(bytes: &[u8], mut pos: usize, rec: &mut R) -> Option<usi
                 return None;
             }
             pos += 1;
-            rec.close(pos);
             stack >>= 1;
             depth -= 1;
         }
@@ -531,36 +399,11 @@ fn hex(b: u8) -> Option<u16> {
 pub struct Cursor<'a> {
     text: &'a str,
     pos: usize,
-    /// Set only from a [`Validated`]: skipping then finds value ends without checking grammar.
-    trusted: bool,
-    /// The containers of a trusted text (empty otherwise).
-    spans: &'a [Span],
-    /// The ordinal of the next container to open, kept in step by [`Cursor::object`],
-    /// [`Cursor::array`] and skips: the next container skipped is then found at once.
-    ordinal: usize,
 }
 
 impl<'a> Cursor<'a> {
     pub fn new(text: &'a str) -> Self {
-        Cursor {
-            text,
-            pos: 0,
-            trusted: false,
-            spans: &[],
-            ordinal: 0,
-        }
-    }
-
-    /// A cursor over already-validated text. Readers behave as over [`Cursor::new`] on it
-    /// (valid input reads the same either way); only skipping is cheaper.
-    pub fn trusted(text: &'a Validated<'_>) -> Self {
-        Cursor {
-            text: text.text,
-            pos: 0,
-            trusted: true,
-            spans: &text.index.spans,
-            ordinal: 0,
-        }
+        Cursor { text, pos: 0 }
     }
 
     /// The byte offset of the next unread byte.
@@ -926,7 +769,6 @@ impl<'a> Cursor<'a> {
         match self.peek() {
             Some(b'{') => {
                 self.pos += 1;
-                self.ordinal += 1;
                 Ok(Members { first: true })
             }
             _ => Err(self.wrong_type("an object")),
@@ -1001,25 +843,13 @@ impl<'a> Cursor<'a> {
         Ok(Some(key))
     }
 
-    /// An upper bound on the items of the array at the cursor whose items are all containers
-    /// (lists of objects), from a trusted cursor's index: the containers nested in it. `None`
-    /// when the cursor does not know (not trusted, or not at an array).
-    #[inline(always)]
-    pub fn object_items_bound(&self) -> Option<usize> {
-        if !self.trusted || self.bytes().get(self.pos) != Some(&b'[') {
-            return None;
-        }
-        let i = self.span_index(self.pos)?;
-        (self.spans.get(i)?.after as usize).checked_sub(i + 1)
-    }
-
     /// The common road of a small object in compact text whose members are strings without
     /// escapes, or `true`/`false` (an env entry `{"name":"A","value":"B"}`, a volume mount): calls
     /// `member` with each key and string value (`None` for a boolean) in order, and returns true
     /// past the closing brace. It returns false, with the cursor where it was, on anything else
     /// (whitespace, an escape, a number, `null`, a nested container) or when `member` returns
     /// false; the caller then reads the object with [`Cursor::object`] and must forget what
-    /// `member` was given. What it accepts is exactly valid JSON, checked or trusted alike.
+    /// `member` was given. What it accepts is exactly valid JSON.
     #[inline(always)]
     pub fn flat_object(
         &mut self,
@@ -1034,7 +864,6 @@ impl<'a> Cursor<'a> {
         pos += 1;
         if bytes.get(pos) == Some(&b'}') {
             self.pos = pos + 1;
-            self.ordinal += 1;
             return true;
         }
         loop {
@@ -1091,7 +920,6 @@ impl<'a> Cursor<'a> {
                 Some(b',') => pos += 1,
                 Some(b'}') => {
                     self.pos = pos + 1;
-                    self.ordinal += 1;
                     return true;
                 }
                 _ => return false,
@@ -1120,7 +948,6 @@ impl<'a> Cursor<'a> {
         match self.peek() {
             Some(b'[') => {
                 self.pos += 1;
-                self.ordinal += 1;
                 Ok(Members { first: true })
             }
             _ => Err(self.wrong_type("an array")),
@@ -1155,175 +982,29 @@ impl<'a> Cursor<'a> {
         self.peek();
         let start = self.pos;
         self.skip_value()?;
-        Ok(self.text.get(start..self.pos).unwrap_or_default())
+        Ok(self.since(start))
     }
 
-    /// The next value, validated as [`Cursor::raw_value`] does, as proof for a trusted cursor.
-    pub fn validated_value(&mut self) -> Result<Validated<'a>, Error> {
-        // Always the checking skip, so a trusted cursor cannot mint proofs of its own.
-        self.peek();
-        let start = self.pos;
-        let mut index = Index::take();
-        self.skip_indexed(start, &mut index)?;
-        Ok(Validated {
-            text: self.text.get(start..self.pos).unwrap_or_default(),
-            index,
-        })
-    }
-
-    /// The checking skip of the value at the cursor, recording its containers into `index` by
-    /// offsets from `base`, where the validated text starts. Past 4 GiB offsets would not fit:
-    /// no index then, and the trusted cursor scans instead.
-    fn skip_indexed(&mut self, base: usize, index: &mut Index) -> Result<(), Error> {
-        if u32::try_from(self.text.len()).is_err() {
-            return self.skip_checked(&mut NoRecord);
-        }
-        let mut builder = Builder {
-            base,
-            spans: &mut index.spans,
-            current: u32::MAX,
-        };
-        self.skip_checked(&mut builder)
+    /// The text from offset `start` to the cursor.
+    pub fn since(&self, start: usize) -> &'a str {
+        self.text.get(start..self.pos).unwrap_or_default()
     }
 
     /// Skips the next value, checking it is JSON. Iterative: nesting depth costs a bit per level,
     /// not a stack frame.
     #[inline]
     pub fn skip_value(&mut self) -> Result<(), Error> {
-        if self.trusted {
-            // Strings and containers are most of what the views skip: inline, the rest called.
-            match self.bytes().get(self.pos) {
-                Some(b'"') => {
-                    self.pos += 1;
-                    self.skip_trusted_string();
-                }
-                Some(b'[' | b'{') => match self.span_at(self.pos) {
-                    Some(span) => {
-                        self.pos = span.end as usize;
-                        self.ordinal = span.after as usize;
-                    }
-                    None => self.skip_trusted(),
-                },
-                _ => self.skip_trusted(),
-            }
-            return Ok(());
-        }
-        self.skip_checked(&mut NoRecord)
-    }
-
-    /// The span of the container opening at `pos`: the next one in order when the cursor is in
-    /// step, else found by its position (a reader opened a container some other way).
-    #[inline(always)]
-    fn span_at(&self, pos: usize) -> Option<Span> {
-        self.spans.get(self.span_index(pos)?).copied()
-    }
-
-    /// The ordinal of the container opening at `pos` (see [`Cursor::span_at`]).
-    #[inline(always)]
-    fn span_index(&self, pos: usize) -> Option<usize> {
-        match self.spans.get(self.ordinal) {
-            Some(s) if s.open as usize == pos => Some(self.ordinal),
-            _ => self.span_index_by_position(pos),
-        }
-    }
-
-    #[cold]
-    fn span_index_by_position(&self, pos: usize) -> Option<usize> {
-        self.spans
-            .binary_search_by_key(&pos, |s| s.open as usize)
-            .ok()
-    }
-
-    /// Skips a value of validated text: strings end at the first unescaped `"`, containers when
-    /// brackets balance (brackets inside strings are passed over with the strings), scalars at the
-    /// next delimiter. Nothing is checked, so on text that is not JSON it stops somewhere
-    /// unspecified but within the text; [`Cursor::trusted`] is the only way in.
-    fn skip_trusted(&mut self) {
-        let bytes = self.bytes();
-        match self.peek() {
-            Some(b'"') => {
-                self.pos += 1;
-                self.skip_trusted_string();
-            }
-            Some(b'[' | b'{') => {
-                if let Some(span) = self.span_at(self.pos) {
-                    self.pos = span.end as usize;
-                    self.ordinal = span.after as usize;
-                    return;
-                }
-                self.pos += 1;
-                // Only strings and brackets matter inside a container: one test per byte
-                // instead of a token dispatch per member.
-                let mut depth = 1usize;
-                while let Some(&b) = bytes.get(self.pos) {
-                    self.pos += 1;
-                    match b {
-                        b'"' => self.skip_trusted_string(),
-                        b'[' | b'{' => depth += 1,
-                        b']' | b'}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                return;
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            Some(_) => {
-                // A number or a literal: runs to the next delimiter or whitespace.
-                while let Some(&c) = bytes.get(self.pos) {
-                    if matches!(c, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
-                        break;
-                    }
-                    self.pos += 1;
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// Passes a string body of validated text (after its opening quote) and its closing quote.
-    #[inline(always)]
-    fn skip_trusted_string(&mut self) {
-        let bytes = self.bytes();
-        loop {
-            let rest = bytes.get(self.pos..).unwrap_or_default();
-            match string_stop(rest) {
-                Some(i) => {
-                    self.pos += i;
-                    match bytes.get(self.pos) {
-                        Some(b'"') => {
-                            self.pos += 1;
-                            return;
-                        }
-                        // An escape: its next byte is never the end of the string.
-                        Some(b'\\') => self.pos += 2,
-                        // A control character cannot be in validated text; move past it anyway.
-                        _ => self.pos += 1,
-                    }
-                }
-                None => {
-                    self.pos = bytes.len();
-                    return;
-                }
-            }
-        }
-    }
-
-    fn skip_checked<R: Record>(&mut self, rec: &mut R) -> Result<(), Error> {
-        if let Some(end) = fast_skip(self.bytes(), self.pos, rec) {
+        if let Some(end) = fast_skip(self.bytes(), self.pos) {
             self.pos = end;
             return Ok(());
         }
-        rec.reset();
-        self.skip_exact(rec)
+        self.skip_exact()
     }
 
     /// The checking skip that names what is wrong; the fast pass leaves every error to it.
     #[cold]
     #[inline(never)]
-    fn skip_exact<R: Record>(&mut self, rec: &mut R) -> Result<(), Error> {
+    fn skip_exact(&mut self) -> Result<(), Error> {
         let mut frames = Frames::new();
         // The innermost container, kept out of `frames`: it is consulted after every value.
         let mut top: Option<bool> = None;
@@ -1339,11 +1020,9 @@ impl<'a> Cursor<'a> {
                 Some(b't') => self.literal(b"true", "true")?,
                 Some(b'f') => self.literal(b"false", "false")?,
                 Some(b'[') => {
-                    rec.open(self.pos);
                     self.pos += 1;
                     if self.peek() == Some(b']') {
                         self.pos += 1;
-                        rec.close(self.pos);
                     } else {
                         frames.push(false);
                         top = Some(false);
@@ -1351,12 +1030,10 @@ impl<'a> Cursor<'a> {
                     }
                 }
                 Some(b'{') => {
-                    rec.open(self.pos);
                     self.pos += 1;
                     match self.peek() {
                         Some(b'}') => {
                             self.pos += 1;
-                            rec.close(self.pos);
                         }
                         Some(b'"') => {
                             frames.push(true);
@@ -1390,13 +1067,11 @@ impl<'a> Cursor<'a> {
                     }
                     Some(b']') if !object => {
                         self.pos += 1;
-                        rec.close(self.pos);
                         frames.pop();
                         top = frames.top();
                     }
                     Some(b'}') if object => {
                         self.pos += 1;
-                        rec.close(self.pos);
                         frames.pop();
                         top = frames.top();
                     }

@@ -249,7 +249,7 @@ impl Handler {
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
         let decided = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            engine::inject_validated(policy, &request, object)
+            engine::inject_read(policy, &request, object)
         }));
         match decided {
             Ok(Ok(Decision::Inject(injection))) => {
