@@ -8,13 +8,9 @@
 // A benchmark with a broken fixture must stop at once.
 #![allow(clippy::expect_used)]
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use splice_webhook::metrics::Metrics;
-use splice_webhook::server::{Handler, WebhookConfig};
-use splice_webhook::store::{NamespaceStore, PolicyStore};
+use splice_webhook::server::Handler;
 
 mod common;
 use common::{PODS, compile, load_average, thread_cpu_ns};
@@ -28,19 +24,8 @@ fn review(pod: &str) -> Bytes {
 
 fn handler() -> (Handler, String) {
     let compiled = compile(common::POLICY);
-    let name = compiled.name().to_owned();
-    let policies = Arc::new(PolicyStore::new());
-    policies.insert(name.clone(), Arc::new(compiled));
-    let mut config = WebhookConfig::new("splice-system");
-    config.null_handler = true;
-    let handler = Handler::new(
-        config,
-        policies,
-        Arc::new(NamespaceStore::new()),
-        Arc::new(Metrics::new()),
-        None,
-    );
-    (handler, format!("/inject/{name}"))
+    let path = format!("/inject/{}", compiled.name());
+    (Handler::with_static_policies([compiled]), path)
 }
 
 /// One request through the handler, the response body read to the end.

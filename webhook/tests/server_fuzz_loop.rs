@@ -4,15 +4,11 @@
 //! `SPLICE_FUZZ_ITERS` iterations (default 3000) from seed `SPLICE_FUZZ_SEED`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
-
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use splice_webhook::engine::CompiledPolicy;
-use splice_webhook::metrics::Metrics;
-use splice_webhook::server::{Handler, WebhookConfig};
-use splice_webhook::store::{NamespaceStore, PolicyStore};
+use splice_webhook::server::Handler;
 
 const POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
 const POD_3K: &str = include_str!("../testdata/pod-3k.json");
@@ -150,17 +146,7 @@ fn mutated_requests_never_panic_and_every_patch_applies() {
     let policy: splice_crds::InjectionPolicy = serde_yaml::from_str(POLICY).unwrap();
     let name = policy.metadata.name.clone().unwrap();
     let compiled = CompiledPolicy::compile(&name, 1, &policy.spec).unwrap();
-    let policies = Arc::new(PolicyStore::new());
-    policies.insert(name, Arc::new(compiled));
-    let mut config = WebhookConfig::new("splice-system");
-    config.null_handler = true;
-    let handler = Handler::new(
-        config,
-        policies,
-        Arc::new(NamespaceStore::new()),
-        Arc::new(Metrics::new()),
-        None,
-    );
+    let handler = Handler::with_static_policies([compiled]);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

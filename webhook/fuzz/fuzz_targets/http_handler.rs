@@ -5,16 +5,14 @@
 //! - a patch, when present, is base64 JSON Patch that applies cleanly to the request's object.
 #![no_main]
 
-use std::sync::{Arc, LazyLock};
+use std::sync::LazyLock;
 
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use splice_webhook::engine::CompiledPolicy;
-use splice_webhook::metrics::Metrics;
-use splice_webhook::server::{Handler, WebhookConfig};
-use splice_webhook::store::{NamespaceStore, PolicyStore};
+use splice_webhook::server::Handler;
 
 const POLICY: &str = include_str!("../../testdata/policy-sidecar.yaml");
 
@@ -32,17 +30,7 @@ static HARNESS: LazyLock<Harness> = LazyLock::new(|| {
         .clone()
         .expect("the fixture policy has a name");
     let compiled = CompiledPolicy::compile(&name, 1, &policy.spec).expect("the fixture compiles");
-    let policies = Arc::new(PolicyStore::new());
-    policies.insert(name, Arc::new(compiled));
-    let mut config = WebhookConfig::new("splice-system");
-    config.null_handler = true;
-    let handler = Handler::new(
-        config,
-        policies,
-        Arc::new(NamespaceStore::new()),
-        Arc::new(Metrics::new()),
-        None,
-    );
+    let handler = Handler::with_static_policies([compiled]);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

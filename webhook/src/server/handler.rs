@@ -104,6 +104,27 @@ impl Handler {
         }
     }
 
+    /// A handler over a fixed set of policies, with the null route on, no namespace labels
+    /// (namespace selectors see only the name), its own metrics and no hook: what benchmarks and
+    /// fuzzers drive in memory.
+    pub fn with_static_policies(policies: impl IntoIterator<Item = CompiledPolicy>) -> Self {
+        let store = Arc::new(PolicyStore::new());
+        store.replace_all(
+            policies
+                .into_iter()
+                .map(|p| (p.name().to_owned(), Arc::new(p))),
+        );
+        let mut config = WebhookConfig::new("splice-system");
+        config.null_handler = true;
+        Handler::new(
+            config,
+            store,
+            Arc::new(NamespaceStore::new()),
+            Arc::new(Metrics::new()),
+            None,
+        )
+    }
+
     fn route<'p>(&self, path: &'p str) -> Route<'p> {
         if let Some(name) = path.strip_prefix("/inject/") {
             if !name.is_empty() && !name.contains('/') {
