@@ -26,7 +26,12 @@
 # (default 15), LAT_CONNS (default 32), SERVICE_CONNS (default 4), SERVER_CPU (0), CLIENT_CPU (1), AGNHOST (path; default from the control-plane
 # build cache), SPLICE_BIN (use this binary instead of building one), OUT (also write the table
 # to this file), RT=1 (run servers and load generators under SCHED_FIFO with chrt, so that other
-# processes on a shared machine cannot delay them: a control for the latency columns).
+# processes on a shared machine cannot delay them: a control for the latency columns), ROUNDS
+# (default 5; 0 skips the paired rounds), PAIR_DURATION (s, default 4), PAIR_CONNS (default 8).
+#
+# After the table, paired rounds: both Splice servers up at once, short wrk runs alternating
+# between /inject and /null, and the median over rounds of the per-round ratios (requests/s and
+# CPU µs per request), which the machine's drift moves far less than the table's ratio.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,6 +46,9 @@ CLIENT_CPU=${CLIENT_CPU:-1}
 POLICY_FILE=${POLICY_FILE:-$repo/webhook/testdata/policy-sidecar.yaml}
 POD_FILE=${POD_FILE:-$repo/webhook/testdata/pod-8k.json}
 POLICY_NAME=${POLICY_NAME:-mesh-proxy}
+ROUNDS=${ROUNDS:-5}
+PAIR_DURATION=${PAIR_DURATION:-4}
+PAIR_CONNS=${PAIR_CONNS:-8}
 NAMESPACE=${NAMESPACE:-shop}
 clk_tck=$(getconf CLK_TCK)
 prio=()
@@ -52,11 +60,15 @@ die() { echo "bench: error: $*" >&2; exit 1; }
 
 work=$(mktemp -d)
 server_pid=""
+other_pid="" # the paired rounds' first server while the second runs
 cleanup() {
-  if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  local pid
+  for pid in $server_pid $other_pid; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -240,4 +252,41 @@ if [ -n "$agnhost" ]; then
     --port "$port" --sidecar-image registry.example/sidecar:1.0
 fi
 
+# --- paired rounds ------------------------------------------------------------------------------
+# This machine's speed drifts by tens of percent over minutes (a shared VM), so two servers
+# measured minutes apart can differ by more than a code change does. Here both Splice servers run
+# at once (only one is loaded at a time) and short wrk runs alternate between them: each round
+# sees both in the same phase, and the median of the per-round ratios is the steady figure.
+paired() {
+  local inject_url="https://127.0.0.1:18446/inject/$POLICY_NAME" null_url="https://127.0.0.1:18447/null"
+  start_server 18446 "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" \
+    --tls-key "$work/key.pem" --listen "127.0.0.1:18446" --workers 1
+  local inject_pid=$server_pid
+  other_pid=$inject_pid
+  start_server 18447 "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" \
+    --tls-key "$work/key.pem" --listen "127.0.0.1:18447" --workers 1 --null-handler
+  local null_pid=$server_pid
+  run_wrk "$inject_url" "$PAIR_CONNS" 2 >/dev/null # warm-up
+  run_wrk "$null_url" "$PAIR_CONNS" 2 >/dev/null
+  local r pid url t0 t1 reqs secs errs
+  for r in $(seq 1 "$ROUNDS"); do
+    for pid_url in "$inject_pid $inject_url" "$null_pid $null_url"; do
+      read -r pid url <<<"$pid_url"
+      t0=$(cpu_ticks "$pid")
+      read -r reqs secs errs <<<"$(run_wrk "$url" "$PAIR_CONNS" "$PAIR_DURATION")"
+      t1=$(cpu_ticks "$pid")
+      [ "$errs" = 0 ] || die "paired round $r: $errs errors or non-2xx responses from $url"
+      echo "$r $url $reqs $secs $((t1 - t0))" >>"$work/paired"
+    done
+  done
+  stop_server
+  server_pid=$inject_pid; other_pid=""; stop_server
+  python3 "$here/webhook_util.py" paired "$work/paired" "$clk_tck" "$PAIR_CONNS" "$PAIR_DURATION"
+}
+if [ "$ROUNDS" -gt 0 ]; then
+  log "paired rounds: $ROUNDS x ${PAIR_DURATION}s each, -c$PAIR_CONNS, alternating /inject and /null"
+  paired >"$work/paired.txt"
+fi
+
 python3 "$here/webhook_util.py" table "$work/rows" "$review_bytes" "$pod_bytes" "$(nproc)" "$(cut -d' ' -f1-3 /proc/loadavg)" "$load_start" "$LAT_CONNS" "$SERVICE_CONNS" | tee "${OUT:-/dev/null}"
+if [ -s "$work/paired.txt" ]; then tee -a "${OUT:-/dev/null}" <"$work/paired.txt"; fi

@@ -9,6 +9,7 @@ print the results table. Standard library only.
 """
 import base64
 import json
+import statistics
 import sys
 
 
@@ -139,6 +140,29 @@ def table(rows_path, review_bytes, pod_bytes, cpus, loadavg, load_start="?", lat
               f"{'met' if splice['hwm'] <= 25 * 1024 else 'NOT met'}")
 
 
+def paired(path, clk_tck, conns, duration):
+    """The paired rounds' summary: per round, /inject against /null measured back to back."""
+    rounds = {}
+    for line in open(path):
+        r, url, reqs, secs, ticks = line.split()
+        side = "null" if url.endswith("/null") else "inject"
+        cpu_us = int(ticks) / int(clk_tck) * 1e6
+        rounds.setdefault(r, {})[side] = (int(reqs) / float(secs), cpu_us / max(int(reqs), 1))
+    rps, cpu = [], []
+    print(f"\nPaired rounds ({len(rounds)} × {duration} s each, -c{conns}, /inject and /null "
+          "alternating, both servers up throughout):\n")
+    print("| round | /inject req/s | /null req/s | req/s ratio | /inject CPU µs/req | /null CPU µs/req | CPU-normalized ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in sorted(rounds, key=int):
+        (irps, ius), (nrps, nus) = rounds[r]["inject"], rounds[r]["null"]
+        rps.append(irps / nrps)
+        cpu.append(nus / ius)
+        print(f"| {r} | {irps:.0f} | {nrps:.0f} | {rps[-1]:.2f}× | {ius:.1f} | {nus:.1f} | {cpu[-1]:.2f}× |")
+    print(f"\nSplice/null, median of the paired rounds: {statistics.median(rps):.2f}× req/s, "
+          f"{statistics.median(cpu):.2f}× CPU-normalized (goal ≥ 0.7×) — "
+          f"{'met' if statistics.median(rps) >= 0.7 else 'NOT met'}")
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
-    {"review": review, "check": check, "oha": oha, "table": table}[cmd](*args)
+    {"review": review, "check": check, "oha": oha, "table": table, "paired": paired}[cmd](*args)
