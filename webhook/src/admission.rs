@@ -1,9 +1,9 @@
 //! The `admission.k8s.io/v1` AdmissionReview wire format, parsed lean.
 //!
 //! The request is read in one pass of [`crate::json::Cursor`]: strings point into the body when
-//! they hold no escapes, and the object is validated here and handed to the engine as its verbatim
-//! text, so the server never builds a tree of the pod. Unknown fields (userInfo, oldObject,
-//! options) are skipped after being checked to be JSON.
+//! they hold no escapes, and the object is checked and read into the engine's pod view in that same
+//! pass ([`ReadObject`]), so the server never builds a tree of the pod nor reads it twice. Unknown
+//! fields (userInfo, oldObject, options) are skipped after being checked to be JSON.
 
 use std::borrow::Cow;
 
@@ -537,6 +537,9 @@ mod tests {
         )
     }
 
+    /// The object of POD_CREATE.
+    const POD: &str = r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#;
+
     const POD_CREATE: &str = r#"{"uid":"u-1","kind":{"group":"","version":"v1","kind":"Pod"},
         "resource":{"group":"","version":"v1","resource":"pods"},"operation":"CREATE",
         "namespace":"team-a","userInfo":{"username":"x"},
@@ -551,10 +554,7 @@ mod tests {
         assert!(r.is_pod);
         assert!(r.dry_run);
         assert_eq!(r.namespace, "team-a");
-        assert_eq!(
-            r.object.map(|o| o.get()),
-            Some(r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#)
-        );
+        assert_eq!(r.object.map(|o| o.get()), Some(POD));
         assert!(
             matches!(r.uid, Cow::Borrowed(_)),
             "uid should borrow from the body"
@@ -566,12 +566,11 @@ mod tests {
 
     #[test]
     fn a_misshapen_object_is_still_checked_to_its_end() {
-        let pod = r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#;
-        let body = review(&POD_CREATE.replace(pod, MISSHAPEN));
+        let body = review(&POD_CREATE.replace(POD, MISSHAPEN));
         assert!(parse_review(body.as_bytes()).is_ok());
         // A syntax error after the misshapen field is the body's: a 400, not an engine error.
         let broken = MISSHAPEN.replace("}}", r#"},"x":[1 2]}"#);
-        let body = review(&POD_CREATE.replace(pod, &broken));
+        let body = review(&POD_CREATE.replace(POD, &broken));
         assert_eq!(
             parse_review(body.as_bytes()).unwrap_err().label(),
             "not_json"
@@ -580,8 +579,7 @@ mod tests {
 
     #[test]
     fn a_misshapen_object_fails_the_engine_as_the_offline_read_fails_it() {
-        let pod = r#"{"metadata":{"name":"p"},"spec":{"containers":[{"name":"app"}]}}"#;
-        let body = review(&POD_CREATE.replace(pod, MISSHAPEN));
+        let body = review(&POD_CREATE.replace(POD, MISSHAPEN));
         let review = parse_review(body.as_bytes()).unwrap();
         let object = review.object.unwrap();
         assert_eq!(object.get(), MISSHAPEN);
