@@ -237,14 +237,15 @@ print(f'{reqs/secs:.0f} {cpu_s/secs:.2f} {cpu_s*1e6/reqs:.1f} $c $peak')")
 }
 
 # --- runs --------------------------------------------------------------------------------------
+# Every Splice server of the run, short of its --listen address (and --null-handler).
+splice_server=("$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem"
+  --tls-key "$work/key.pem" --workers 1)
 port=18443
 measure "splice /inject/$POLICY_NAME" "https://127.0.0.1:$port/inject/$POLICY_NAME" patch "$port" \
-  "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" --tls-key "$work/key.pem" \
-  --listen "127.0.0.1:$port" --workers 1
+  "${splice_server[@]}" --listen "127.0.0.1:$port"
 port=18444
 measure "splice /null (baseline)" "https://127.0.0.1:$port/null" nopatch "$port" \
-  "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" --tls-key "$work/key.pem" \
-  --listen "127.0.0.1:$port" --workers 1 --null-handler
+  "${splice_server[@]}" --listen "127.0.0.1:$port" --null-handler
 if [ -n "$agnhost" ]; then
   port=18445
   measure "agnhost /mutating-pods-sidecar" "https://127.0.0.1:$port/mutating-pods-sidecar" patch "$port" \
@@ -259,12 +260,10 @@ fi
 # sees both in the same phase, and the median of the per-round ratios is the steady figure.
 paired() {
   local inject_url="https://127.0.0.1:18446/inject/$POLICY_NAME" null_url="https://127.0.0.1:18447/null"
-  start_server 18446 "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" \
-    --tls-key "$work/key.pem" --listen "127.0.0.1:18446" --workers 1
+  start_server 18446 "${splice_server[@]}" --listen "127.0.0.1:18446"
   local inject_pid=$server_pid
   other_pid=$inject_pid
-  start_server 18447 "$splice" webhook --policy "$POLICY_FILE" --tls-cert "$work/cert.pem" \
-    --tls-key "$work/key.pem" --listen "127.0.0.1:18447" --workers 1 --null-handler
+  start_server 18447 "${splice_server[@]}" --listen "127.0.0.1:18447" --null-handler
   local null_pid=$server_pid
   run_wrk "$inject_url" "$PAIR_CONNS" 2 >/dev/null # warm-up
   run_wrk "$null_url" "$PAIR_CONNS" 2 >/dev/null
