@@ -189,36 +189,10 @@ impl Writer {
     }
 }
 
-/// True for the bytes JSON strings must escape.
-fn needs_escape(b: u8) -> bool {
-    b < 0x20 || b == b'"' || b == b'\\'
-}
-
-/// The index of the first byte to escape, testing 8 bytes at a time.
+/// The index of the first byte JSON strings must escape (`"`, `\` or a control character): the
+/// JSON reader's string scan finds exactly those.
 pub(crate) fn first_escape(s: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let mut chunks = s.chunks_exact(8);
-    let mut at = 0;
-    for c in &mut chunks {
-        let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        // Flags a chunk holding a byte below 0x20, '"' or '\' (never misses one; a borrow
-        // between bytes may flag a clean chunk, which the byte loop then clears).
-        let below = v.wrapping_sub(ONES * 0x20);
-        let quote = (v ^ (ONES * u64::from(b'"'))).wrapping_sub(ONES);
-        let slash = (v ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES);
-        if (below | quote | slash) & !v & HIGH != 0
-            && let Some(i) = c.iter().position(|&b| needs_escape(b))
-        {
-            return Some(at + i);
-        }
-        at += 8;
-    }
-    chunks
-        .remainder()
-        .iter()
-        .position(|&b| needs_escape(b))
-        .map(|i| at + i)
+    crate::json::string_stop(s)
 }
 
 /// Appends `n` in decimal.
@@ -310,6 +284,7 @@ mod tests {
             "0123456\"89abcdef\\",
             "01234567",
             "0123456789abcdef\n",
+            "0123456789abcdef0123456789abcdef\u{1}tail of a string longer than sixteen",
         ] {
             let mut ours = Vec::new();
             push_json_str(&mut ours, s);
