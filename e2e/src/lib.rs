@@ -10,6 +10,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -297,5 +298,103 @@ pub async fn wait_for_child_port(
             return Err(PortWait::TimedOut);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// agnhost's `webhook` server (the Go webhook upstream Kubernetes tests with) on a free loopback
+/// port, serving a throw-away certificate for 127.0.0.1; stopped when dropped.
+pub struct AgnhostWebhook {
+    pub port: u16,
+    /// The CA that signed its certificate, PEM: a webhook configuration's `caBundle`.
+    pub ca_pem: String,
+    /// Its certificate and key files, removed when it stops.
+    dir: PathBuf,
+    _child: ChildGuard,
+}
+
+impl Drop for AgnhostWebhook {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl AgnhostWebhook {
+    /// Starts it with `extra_args` after the TLS and port flags; `tag` names its certificate
+    /// directory and CA.
+    pub async fn start(tag: &str, extra_args: &[&str]) -> Result<Self> {
+        let tls = ThrowawayTls::new(tag)?;
+        let dir = std::env::temp_dir().join(format!("splice-e2e-agnhost-{tag}"));
+        std::fs::create_dir_all(&dir)?;
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, &tls.cert_pem)?;
+        std::fs::write(&key, &tls.key_pem)?;
+        let port = free_port()?;
+        let mut child = ChildGuard::spawn(
+            Command::new(controlplane_bin_dir()?.join("agnhost"))
+                .arg("webhook")
+                .arg(format!("--tls-cert-file={}", cert.display()))
+                .arg(format!("--tls-private-key-file={}", key.display()))
+                .arg(format!("--port={port}"))
+                .args(extra_args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null()),
+        )?;
+        wait_for_child_port(&mut child, port, Duration::from_secs(20))
+            .await
+            .map_err(|why| anyhow::anyhow!("agnhost webhook on port {port}: {why}"))?;
+        Ok(Self {
+            port,
+            ca_pem: tls.ca_pem,
+            dir,
+            _child: child,
+        })
+    }
+}
+
+/// A throw-away CA and a serving certificate for 127.0.0.1 signed by it, PEM, valid for an hour.
+pub struct ThrowawayTls {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl ThrowawayTls {
+    pub fn new(tag: &str) -> Result<Self> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+        let now = time::OffsetDateTime::now_utc();
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("e2e throw-away CA {tag}"));
+        ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        ca.not_before = now - time::Duration::minutes(1);
+        ca.not_after = now + time::Duration::hours(1);
+        let ca_cert = ca.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate()?;
+        let mut leaf = CertificateParams::new(Vec::<String>::new())?;
+        leaf.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse()?)];
+        leaf.not_before = now - time::Duration::minutes(1);
+        leaf.not_after = now + time::Duration::hours(1);
+        let cert = leaf.signed_by(&key, &issuer)?;
+        Ok(Self {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+}
+
+/// Deletes a cluster-scoped MutatingWebhookConfiguration when dropped, so a failing test does not
+/// leave a webhook that intercepts other tests' pods.
+pub struct WebhookConfigurationGuard(pub String);
+
+impl Drop for WebhookConfigurationGuard {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        in_fresh_runtime(move |client| async move {
+            let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+            let _ = api.delete(&name, &DeleteParams::default()).await;
+        });
     }
 }

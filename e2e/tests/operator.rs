@@ -9,7 +9,6 @@
 mod operator;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
@@ -26,8 +25,7 @@ use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{FailurePolicy, InjectionPolicy};
 use splice_e2e::{
-    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, unique_suffix, wait_for_child_port,
-    wait_until,
+    AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, unique_suffix, wait_until,
 };
 
 /// One test's Splice: its namespace, its instance label, the running process, and the cleanup
@@ -629,41 +627,6 @@ async fn hand_deleted_or_edited_configurations_return_paused_ones_stay_gone_and_
     Ok(())
 }
 
-/// A throw-away CA and a serving certificate for 127.0.0.1, PEM (ca, cert, key).
-fn throwaway_tls() -> Result<(String, String, String)> {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
-    let now = time::OffsetDateTime::now_utc();
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, "e2e foreign webhook CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.not_before = now - time::Duration::minutes(1);
-    ca.not_after = now + time::Duration::hours(1);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
-    let key = KeyPair::generate()?;
-    let mut leaf = CertificateParams::new(Vec::<String>::new())?;
-    leaf.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse()?)];
-    leaf.not_before = now - time::Duration::minutes(1);
-    leaf.not_after = now + time::Duration::hours(1);
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok((ca_cert.pem(), cert.pem(), key.serialize_pem()))
-}
-
-/// Deletes a cluster-scoped webhook configuration when dropped.
-struct ConfigGuard(String);
-
-impl Drop for ConfigGuard {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        splice_e2e::in_fresh_runtime(move |client| async move {
-            let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-        });
-    }
-}
-
 #[tokio::test]
 async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_one_copy_into_each_of_200_pods()
 -> Result<()> {
@@ -701,27 +664,7 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
 
     // agnhost's /add-label, registered as a foreign IfNeeded webhook on the same namespace: its
     // change makes the API server re-invoke both Splice webhooks.
-    let (ca, cert, key) = throwaway_tls()?;
-    let dir = std::env::temp_dir().join(format!("splice-e2e-{}", s.instance));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("tls.crt"), cert)?;
-    std::fs::write(dir.join("tls.key"), key)?;
-    let port = free_port()?;
-    let mut agnhost = ChildGuard::spawn(
-        Command::new(controlplane_bin_dir()?.join("agnhost"))
-            .arg("webhook")
-            .arg(format!("--tls-cert-file={}", dir.join("tls.crt").display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                dir.join("tls.key").display()
-            ))
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )?;
-    wait_for_child_port(&mut agnhost, port, Duration::from_secs(20))
-        .await
-        .map_err(|why| anyhow::anyhow!("agnhost webhook on port {port}: {why}"))?;
+    let agnhost = AgnhostWebhook::start(&s.instance, &[]).await?;
     let foreign_name = format!("e2e-foreign-{}", s.instance);
     let configs: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
     configs
@@ -735,8 +678,10 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
                 webhooks: Some(vec![MutatingWebhook {
                     name: "add-label.e2e.splice.dev".into(),
                     client_config: WebhookClientConfig {
-                        url: Some(format!("https://127.0.0.1:{port}/add-label")),
-                        ca_bundle: Some(k8s_openapi::ByteString(ca.into_bytes())),
+                        url: Some(format!("https://127.0.0.1:{}/add-label", agnhost.port)),
+                        ca_bundle: Some(k8s_openapi::ByteString(
+                            agnhost.ca_pem.clone().into_bytes(),
+                        )),
                         ..Default::default()
                     },
                     rules: Some(vec![RuleWithOperations {
@@ -760,7 +705,7 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
             },
         )
         .await?;
-    let _foreign = ConfigGuard(foreign_name);
+    let _foreign = WebhookConfigurationGuard(foreign_name);
 
     // All three webhooks are live once a dry run shows all three changes.
     let pods = pod_in(&ns);
@@ -875,7 +820,6 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
             Some("yes")
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -2,7 +2,6 @@
 //! make workloads Running, the disruption controller counts them, and the API server's
 //! MutatingAdmissionWebhook plugin calls a webhook over HTTPS.
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Result;
@@ -14,12 +13,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
+use kube::api::{ListParams, ObjectMeta, PostParams};
 use serde_json::json;
-use splice_e2e::{
-    ChildGuard, TestNamespace, controlplane_bin_dir, free_port, wait_for_child_port, wait_until,
-};
+use splice_e2e::{AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, wait_until};
 
 fn pod(name: &str) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
@@ -101,70 +97,14 @@ async fn a_two_replica_deployment_runs_on_kwok_nodes_and_its_pdb_counts_both_pod
     Ok(())
 }
 
-/// A throw-away CA and a serving certificate for 127.0.0.1 signed by it, as PEM.
-struct Tls {
-    ca_pem: String,
-    cert_pem: String,
-    key_pem: String,
-}
-
-fn throwaway_tls() -> Result<Tls> {
-    let ca_key = KeyPair::generate()?;
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name
-        .push(DnType::CommonName, "e2e throw-away CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    let now = time_now();
-    ca.not_before = now - std::time::Duration::from_secs(60);
-    ca.not_after = now + std::time::Duration::from_secs(3600);
-    let ca_cert = ca.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca, ca_key);
-
-    let key = KeyPair::generate()?;
-    let mut leaf = CertificateParams::new(Vec::<String>::new())?;
-    leaf.subject_alt_names = vec![SanType::IpAddress("127.0.0.1".parse()?)];
-    leaf.not_before = now - std::time::Duration::from_secs(60);
-    leaf.not_after = now + std::time::Duration::from_secs(3600);
-    let cert = leaf.signed_by(&key, &issuer)?;
-    Ok(Tls {
-        ca_pem: ca_cert.pem(),
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
-}
-
-fn time_now() -> time::OffsetDateTime {
-    time::OffsetDateTime::now_utc()
-}
-
 #[tokio::test]
 async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -> Result<()> {
     let key = format!("smoke-sidecar-{}", splice_e2e::unique_suffix());
     let selected = TestNamespace::create("e2e-smoke-hook", &[(&key, "enabled")]).await?;
     let other = TestNamespace::create("e2e-smoke-nohook", &[]).await?;
 
-    let tls = throwaway_tls()?;
-    let dir = std::env::temp_dir().join(format!("splice-smoke-{key}"));
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("tls.crt"), &tls.cert_pem)?;
-    std::fs::write(dir.join("tls.key"), &tls.key_pem)?;
-    let port = free_port()?;
-    let mut agnhost = ChildGuard::spawn(
-        Command::new(controlplane_bin_dir()?.join("agnhost"))
-            .arg("webhook")
-            .arg(format!("--tls-cert-file={}", dir.join("tls.crt").display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                dir.join("tls.key").display()
-            ))
-            .arg(format!("--port={port}"))
-            .arg("--sidecar-image=registry.invalid/sidecar:1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    )?;
-    wait_for_child_port(&mut agnhost, port, Duration::from_secs(20))
-        .await
-        .map_err(|why| anyhow::anyhow!("agnhost webhook on port {port}: {why}"))?;
+    let agnhost =
+        AgnhostWebhook::start(&key, &["--sidecar-image=registry.invalid/sidecar:1"]).await?;
 
     let name = format!("e2e-{key}");
     let config = MutatingWebhookConfiguration {
@@ -175,8 +115,11 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
         webhooks: Some(vec![MutatingWebhook {
             name: "sidecar.smoke.splice.dev".into(),
             client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}/mutating-pods-sidecar")),
-                ca_bundle: Some(k8s_openapi::ByteString(tls.ca_pem.into_bytes())),
+                url: Some(format!(
+                    "https://127.0.0.1:{}/mutating-pods-sidecar",
+                    agnhost.port
+                )),
+                ca_bundle: Some(k8s_openapi::ByteString(agnhost.ca_pem.clone().into_bytes())),
                 ..Default::default()
             },
             rules: Some(vec![RuleWithOperations {
@@ -199,7 +142,7 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
     };
     let configs: Api<MutatingWebhookConfiguration> = Api::all(selected.client.clone());
     configs.create(&PostParams::default(), &config).await?;
-    let _cleanup = scopeguard(name.clone());
+    let _cleanup = WebhookConfigurationGuard(name.clone());
 
     // The API server loads webhook configurations asynchronously; with failurePolicy Fail a
     // dry-run create shows the sidecar as soon as the webhook is live.
@@ -233,7 +176,6 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
         .create(&PostParams::default(), &pod("unselected")?)
         .await?;
     assert_eq!(container_names(&untouched), ["app"]);
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -242,19 +184,4 @@ fn container_names(pod: &Pod) -> Vec<String> {
         .as_ref()
         .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
         .unwrap_or_default()
-}
-
-/// Deletes a cluster-scoped webhook configuration when the test ends, pass or fail.
-fn scopeguard(name: String) -> impl Drop {
-    struct Guard(String);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            let name = self.0.clone();
-            splice_e2e::in_fresh_runtime(move |client| async move {
-                let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-                let _ = api.delete(&name, &DeleteParams::default()).await;
-            });
-        }
-    }
-    Guard(name)
 }
