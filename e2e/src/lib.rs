@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
@@ -213,6 +213,30 @@ where
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Server-side dry run: the API server admits the object, webhooks included, and stores nothing.
+pub fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
+    }
+}
+
+/// Waits until a dry-run create of `probe` comes back as a pod for which `admitted` holds. The
+/// API server loads webhook configurations asynchronously, so one that exists is not yet one
+/// that is called; a dry run shows when it is, without creating anything.
+pub async fn wait_dry_run(
+    pods: &Api<Pod>,
+    probe: &Pod,
+    timeout: Duration,
+    what: &str,
+    admitted: impl Fn(&Pod) -> bool,
+) -> Result<()> {
+    wait_until(timeout, what, || async {
+        Ok(admitted(&pods.create(&dry_run(), probe).await?))
+    })
+    .await
 }
 
 /// A free TCP port on 127.0.0.1, taken from 20000–32767: below Linux's ephemeral range

@@ -17,7 +17,9 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
-use splice_e2e::{ChildGuard, PortWait, free_port, repo_root, wait_for_child_port, wait_until};
+use splice_e2e::{
+    ChildGuard, PortWait, free_port, repo_root, wait_dry_run, wait_for_child_port, wait_until,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The label whose value scopes one `splice run` to the policies of one test.
@@ -423,28 +425,16 @@ pub async fn wait_injecting(
     container: &str,
 ) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let probe = pod("probe", labels);
-    wait_until(
+    wait_dry_run(
+        &pods,
+        &pod("probe", labels),
         Duration::from_secs(30),
         &format!("{container} to be injected in {namespace}"),
-        || {
-            let pods = pods.clone();
-            let probe = probe.clone();
-            async move {
-                let created = pods
-                    .create(
-                        &kube::api::PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &probe,
-                    )
-                    .await?;
-                Ok(container_names(&created)
-                    .iter()
-                    .chain(init_container_names(&created).iter())
-                    .any(|n| n == container))
-            }
+        |created| {
+            container_names(created)
+                .iter()
+                .chain(init_container_names(created).iter())
+                .any(|n| n == container)
         },
     )
     .await

@@ -25,7 +25,8 @@ use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{FailurePolicy, InjectionPolicy};
 use splice_e2e::{
-    AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, unique_suffix, wait_until,
+    AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, dry_run, unique_suffix, wait_dry_run,
+    wait_until,
 };
 
 /// One test's Splice: its namespace, its instance label, the running process, and the cleanup
@@ -318,15 +319,7 @@ async fn a_server_side_dry_run_returns_the_injected_pod_creates_nothing_and_emit
     wait_injecting(&s.client, &ns.name, &[], "proxy").await?;
 
     let pods = pod_in(&ns);
-    let dry = pods
-        .create(
-            &PostParams {
-                dry_run: true,
-                ..Default::default()
-            },
-            &pod("dry", &[]),
-        )
-        .await?;
+    let dry = pods.create(&dry_run(), &pod("dry", &[])).await?;
     assert_eq!(container_names(&dry), ["app", "proxy"]);
     assert!(
         pods.get_opt("dry").await?.is_none(),
@@ -389,24 +382,12 @@ async fn a_policy_update_changes_new_pods_and_leaves_existing_pods_alone() -> Re
     assert_ne!(hash(&v1), hash(&v2), "a new template has a new hash");
 
     // Every replica's cache follows the policy through its own watch; a dry run shows when.
-    wait_until(
+    wait_dry_run(
+        &pods,
+        &pod("probe", &[]),
         Duration::from_secs(10),
         "the new template to be served",
-        || {
-            let pods = pods.clone();
-            async move {
-                let dry = pods
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &pod("probe", &[]),
-                    )
-                    .await?;
-                Ok(image_of(&dry, "proxy").as_deref() == Some("registry.invalid/proxy:2"))
-            }
-        },
+        |dry| image_of(dry, "proxy").as_deref() == Some("registry.invalid/proxy:2"),
     )
     .await?;
     let after = pods
@@ -709,25 +690,15 @@ async fn two_if_needed_policies_and_a_foreign_if_needed_webhook_inject_exactly_o
 
     // All three webhooks are live once a dry run shows all three changes.
     let pods = pod_in(&ns);
-    wait_until(
+    wait_dry_run(
+        &pods,
+        &pod("probe", &[]),
         Duration::from_secs(30),
         "all three webhooks to be called",
-        || {
-            let pods = pods.clone();
-            async move {
-                let dry = pods
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &pod("probe", &[]),
-                    )
-                    .await?;
-                Ok(container_names(&dry).contains(&"sidecar-a".to_owned())
-                    && init_container_names(&dry).contains(&"init-b".to_owned())
-                    && dry.labels().get("added-label").map(String::as_str) == Some("yes"))
-            }
+        |dry| {
+            container_names(dry).contains(&"sidecar-a".to_owned())
+                && init_container_names(dry).contains(&"init-b".to_owned())
+                && dry.labels().get("added-label").map(String::as_str) == Some("yes")
         },
     )
     .await?;
@@ -879,15 +850,7 @@ async fn splice_killed_with_sigkill_and_restarted_converges_without_duplicates_o
     )
     .await?;
     wait_injecting(&s.client, &ns.name, &[], "proxy-0").await?;
-    let probe = pod_in(&ns)
-        .create(
-            &PostParams {
-                dry_run: true,
-                ..Default::default()
-            },
-            &pod("probe", &[]),
-        )
-        .await?;
+    let probe = pod_in(&ns).create(&dry_run(), &pod("probe", &[])).await?;
     println!("converged {:?} after the restart", restarted_at.elapsed());
     assert!(restarted_at.elapsed() <= Duration::from_secs(30));
     assert_eq!(

@@ -15,7 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use serde_json::json;
-use splice_e2e::{AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, wait_until};
+use splice_e2e::{
+    AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, wait_dry_run, wait_until,
+};
 
 fn pod(name: &str) -> Result<Pod> {
     Ok(serde_json::from_value(json!({
@@ -147,22 +149,15 @@ async fn agnhost_sidecar_webhook_mutates_pods_in_the_labelled_namespace_only() -
     // The API server loads webhook configurations asynchronously; with failurePolicy Fail a
     // dry-run create shows the sidecar as soon as the webhook is live.
     let pods = selected.api::<Pod>();
-    wait_until(
+    wait_dry_run(
+        &pods,
+        &pod("probe")?,
         Duration::from_secs(30),
         "the webhook to be called",
-        || async {
-            let created = pods
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..Default::default()
-                    },
-                    &pod("probe")?,
-                )
-                .await?;
-            Ok(container_names(&created)
+        |created| {
+            container_names(created)
                 .iter()
-                .any(|n| n == "webhook-added-sidecar"))
+                .any(|n| n == "webhook-added-sidecar")
         },
     )
     .await?;
