@@ -376,14 +376,14 @@ impl AgnhostWebhook {
 }
 
 /// A throw-away CA and a serving certificate for 127.0.0.1 signed by it, PEM, valid for an hour.
-pub struct ThrowawayTls {
-    pub ca_pem: String,
-    pub cert_pem: String,
-    pub key_pem: String,
+struct ThrowawayTls {
+    ca_pem: String,
+    cert_pem: String,
+    key_pem: String,
 }
 
 impl ThrowawayTls {
-    pub fn new(tag: &str) -> Result<Self> {
+    fn new(tag: &str) -> Result<Self> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
         let now = time::OffsetDateTime::now_utc();
         let ca_key = KeyPair::generate()?;

@@ -349,8 +349,8 @@ impl Frames {
 
 /// Index of the first byte in `bytes` that ends a run of plain string content: `"`, `\` or a
 /// control character. Sixteen bytes per step: `wide` compiles the compares to SSE2 (or NEON, or
-/// plain code elsewhere), about 14 instructions a step against 16 for eight bytes of the SWAR
-/// scan it replaced. Most of a pod's text is strings, so this loop is most of reading one.
+/// plain code elsewhere), about 14 instructions a step, as many as a SWAR scan spends on eight
+/// bytes. Most of a pod's text is strings, so this loop is most of reading one.
 #[inline(always)]
 pub(crate) fn string_stop(bytes: &[u8]) -> Option<usize> {
     let mut chunks = bytes.chunks_exact(16);
