@@ -190,7 +190,9 @@ impl Writer {
 }
 
 /// The index of the first byte JSON strings must escape (`"`, `\` or a control character): the
-/// JSON reader's string scan finds exactly those.
+/// JSON reader's string scan finds exactly those. The writer calls this one out-of-line copy of
+/// it: with the scan inlined into each of its callers instead, the 8.5 KB injection took 0.9k more
+/// instructions (callgrind, 93.4k against 92.5k).
 pub(crate) fn first_escape(s: &[u8]) -> Option<usize> {
     crate::json::string_stop(s)
 }
