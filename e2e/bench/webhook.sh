@@ -30,8 +30,9 @@
 # (default 5; 0 skips the paired rounds), PAIR_DURATION (s, default 4), PAIR_CONNS (default 8).
 #
 # After the table, paired rounds: both Splice servers up at once, short wrk runs alternating
-# between /inject and /null, and the median over rounds of the per-round ratios (requests/s and
-# CPU µs per request), which the machine's drift moves far less than the table's ratio.
+# between /inject, /null and /null/read (the review read as /inject reads it, no engine), and the
+# median over rounds of the per-round ratios (requests/s and CPU µs per request), which the
+# machine's drift moves far less than the table's ratio.
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -257,9 +258,12 @@ fi
 # This machine's speed drifts by tens of percent over minutes (a shared VM), so two servers
 # measured minutes apart can differ by more than a code change does. Here both Splice servers run
 # at once (only one is loaded at a time) and short wrk runs alternate between them: each round
-# sees both in the same phase, and the median of the per-round ratios is the steady figure.
+# sees both in the same phase, and the median of the per-round ratios is the steady figure. The
+# null server also serves /null/read, which reads the review as /inject does and stops before the
+# engine: its column splits /inject's extra cost into reading the request and the rest.
 paired() {
   local inject_url="https://127.0.0.1:18446/inject/$POLICY_NAME" null_url="https://127.0.0.1:18447/null"
+  local read_url="https://127.0.0.1:18447/null/read"
   start_server 18446 "${splice_server[@]}" --listen "127.0.0.1:18446"
   local inject_pid=$server_pid
   other_pid=$inject_pid
@@ -267,9 +271,10 @@ paired() {
   local null_pid=$server_pid
   run_wrk "$inject_url" "$PAIR_CONNS" 2 >/dev/null # warm-up
   run_wrk "$null_url" "$PAIR_CONNS" 2 >/dev/null
+  run_wrk "$read_url" "$PAIR_CONNS" 2 >/dev/null
   local r pid url t0 t1 reqs secs errs
   for r in $(seq 1 "$ROUNDS"); do
-    for pid_url in "$inject_pid $inject_url" "$null_pid $null_url"; do
+    for pid_url in "$inject_pid $inject_url" "$null_pid $null_url" "$null_pid $read_url"; do
       read -r pid url <<<"$pid_url"
       t0=$(cpu_ticks "$pid")
       read -r reqs secs errs <<<"$(run_wrk "$url" "$PAIR_CONNS" "$PAIR_DURATION")"
@@ -283,7 +288,7 @@ paired() {
   python3 "$here/webhook_util.py" paired "$work/paired" "$clk_tck" "$PAIR_CONNS" "$PAIR_DURATION"
 }
 if [ "$ROUNDS" -gt 0 ]; then
-  log "paired rounds: $ROUNDS x ${PAIR_DURATION}s each, -c$PAIR_CONNS, alternating /inject and /null"
+  log "paired rounds: $ROUNDS x ${PAIR_DURATION}s each, -c$PAIR_CONNS, alternating /inject, /null and /null/read"
   paired >"$work/paired.txt"
 fi
 

@@ -141,26 +141,36 @@ def table(rows_path, review_bytes, pod_bytes, cpus, loadavg, load_start="?", lat
 
 
 def paired(path, clk_tck, conns, duration):
-    """The paired rounds' summary: per round, /inject against /null measured back to back."""
+    """The paired rounds' summary: per round, /inject, /null and /null/read measured back to back."""
     rounds = {}
     for line in open(path):
         r, url, reqs, secs, ticks = line.split()
-        side = "null" if url.endswith("/null") else "inject"
+        side = "read" if url.endswith("/null/read") else "null" if url.endswith("/null") else "inject"
         cpu_us = int(ticks) / int(clk_tck) * 1e6
         rounds.setdefault(r, {})[side] = (int(reqs) / float(secs), cpu_us / max(int(reqs), 1))
-    rps, cpu = [], []
-    print(f"\nPaired rounds ({len(rounds)} × {duration} s each, -c{conns}, /inject and /null "
+    rps, cpu, read_rps, split = [], [], [], []
+    print(f"\nPaired rounds ({len(rounds)} × {duration} s each, -c{conns}, /inject, /null and /null/read "
           "alternating, both servers up throughout):\n")
-    print("| round | /inject req/s | /null req/s | req/s ratio | /inject CPU µs/req | /null CPU µs/req | CPU-normalized ratio |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| round | /inject req/s | /null req/s | req/s ratio | /inject CPU µs/req | /null CPU µs/req "
+          "| CPU-normalized ratio | /null/read req/s | /null/read CPU µs/req | /null/read ÷ /null req/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rounds, key=int):
         (irps, ius), (nrps, nus) = rounds[r]["inject"], rounds[r]["null"]
+        rrps, rus = rounds[r].get("read", (float("nan"), float("nan")))
         rps.append(irps / nrps)
         cpu.append(nus / ius)
-        print(f"| {r} | {irps:.0f} | {nrps:.0f} | {rps[-1]:.2f}× | {ius:.1f} | {nus:.1f} | {cpu[-1]:.2f}× |")
+        read_rps.append(rrps / nrps)
+        split.append((nus, rus - nus, ius - rus))
+        print(f"| {r} | {irps:.0f} | {nrps:.0f} | {rps[-1]:.2f}× | {ius:.1f} | {nus:.1f} | {cpu[-1]:.2f}× "
+              f"| {rrps:.0f} | {rus:.1f} | {read_rps[-1]:.2f}× |")
     print(f"\nSplice/null, median of the paired rounds: {statistics.median(rps):.2f}× req/s, "
           f"{statistics.median(cpu):.2f}× CPU-normalized (goal ≥ 0.7×) — "
           f"{'met' if statistics.median(rps) >= 0.7 else 'NOT met'}")
+    base, read, rest = (statistics.median(part) for part in zip(*split))
+    print(f"Where /inject's CPU per request goes (medians): the server stack as /null {base:.1f} µs, "
+          f"+ reading the review (/null/read − /null) {read:.1f} µs, + the engine and its answer "
+          f"(/inject − /null/read) {rest:.1f} µs. Reading alone leaves /null/read at "
+          f"{statistics.median(read_rps):.2f}× /null's req/s.")
 
 
 if __name__ == "__main__":

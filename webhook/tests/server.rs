@@ -175,6 +175,39 @@ async fn the_null_handler_answers_allowed_with_the_uid_and_is_off_by_default() {
 }
 
 #[tokio::test]
+async fn the_null_read_baseline_reads_the_review_then_allows_without_a_patch() {
+    let server = Running::start(config()).await;
+    let body = pod_review("read-uid", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post("/null/read", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["response"]["uid"], "read-uid");
+    assert_eq!(reply.json()["response"]["allowed"], true);
+    assert!(reply.json()["response"].get("patch").is_none());
+
+    // It reads what /inject reads: a review /null would answer is refused here.
+    let truncated = &body.as_bytes()[..body.len() - 3];
+    let reply = exchange(&server, &post("/null", "application/json", truncated)).await;
+    assert_eq!(reply.status, 200);
+    let reply = exchange(&server, &post("/null/read", "application/json", truncated)).await;
+    assert_eq!(reply.status, 400);
+    assert!(reply.text().contains("truncated"), "{}", reply.text());
+
+    let mut off = config();
+    off.null_handler = false;
+    let server = Running::start(off).await;
+    let reply = exchange(
+        &server,
+        &post("/null/read", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 404);
+}
+
+#[tokio::test]
 async fn one_connection_serves_many_requests() {
     let server = Running::start(config()).await;
     let mut stream = server.connect().await;

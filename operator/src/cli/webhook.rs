@@ -38,7 +38,8 @@ pub struct Args {
     /// Splice's own namespace, never injected (like kube-system and kube-node-lease).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SPLICE_NAMESPACE)]
     splice_namespace: String,
-    /// Also serve `POST /null`: allowed, without parsing the object (a benchmark baseline).
+    /// Also serve the benchmark baselines `POST /null` (allowed, without parsing the object) and
+    /// `POST /null/read` (allowed after reading the review as /inject does, without the engine).
     #[arg(long)]
     null_handler: bool,
     /// Seconds to keep serving, not ready, after SIGTERM before closing the listener.

@@ -71,14 +71,25 @@ impl std::fmt::Debug for Handler {
 
 enum Route<'a> {
     Inject(&'a str),
-    Null,
+    Null(NullWork),
     NotFound,
+}
+
+/// How much of an injection's work a null-handler baseline does before answering "allowed".
+#[derive(Clone, Copy)]
+enum NullWork {
+    /// `/null`: finds the uid and nothing else; the server stack alone.
+    Nothing,
+    /// `/null/read`: reads the review as `/inject` does (UTF-8 and JSON checks of the whole body,
+    /// the envelope and the pod view) and stops before the engine, so a benchmark can tell the
+    /// cost of reading the request from the cost of deciding and writing the patch.
+    Read,
 }
 
 enum Target<'a> {
     Policy(&'a str, Arc<CompiledPolicy>),
     Unknown,
-    Null,
+    Null(NullWork),
 }
 
 impl Handler {
@@ -130,8 +141,12 @@ impl Handler {
             if !name.is_empty() && !name.contains('/') {
                 return Route::Inject(name);
             }
-        } else if path == "/null" && self.inner.config.null_handler {
-            return Route::Null;
+        } else if self.inner.config.null_handler {
+            match path {
+                "/null" => return Route::Null(NullWork::Nothing),
+                "/null/read" => return Route::Null(NullWork::Read),
+                _ => {}
+            }
         }
         Route::NotFound
     }
@@ -151,7 +166,7 @@ impl Handler {
                     "no such endpoint; POST /inject/<policy>",
                 );
             }
-            Route::Null => (Target::Null, Arc::clone(&self.inner.null)),
+            Route::Null(work) => (Target::Null(work), Arc::clone(&self.inner.null)),
             Route::Inject(name) => match self.inner.policies.get(name) {
                 Some(policy) => (
                     Target::Policy(name, policy),
@@ -163,7 +178,14 @@ impl Handler {
         let (response, outcome) = match self.read_body(&parts, body).await {
             Err(rejection) => (rejection, Outcome::BadRequest),
             Ok(body) => match target {
-                Target::Null => (null_response(&body), Outcome::Null),
+                Target::Null(NullWork::Nothing) => (null_response(&body), Outcome::Null),
+                Target::Null(NullWork::Read) => match admission::parse_review(&body) {
+                    Ok(review) => (allow(&review, None, &[]), Outcome::Null),
+                    Err(e) => (
+                        text(StatusCode::BAD_REQUEST, &e.to_string()),
+                        Outcome::BadRequest,
+                    ),
+                },
                 Target::Unknown => self.admit(None, &metrics, &body),
                 Target::Policy(name, policy) => self.admit(Some((name, &policy)), &metrics, &body),
             },

@@ -51,7 +51,8 @@ pub struct WebhookConfig {
     pub drain_timeout: Duration,
     /// New connections beyond this are closed at once.
     pub max_connections: usize,
-    /// Serve `POST /null` (allowed, object not parsed): a baseline for benchmarks only.
+    /// Serve `POST /null` (allowed, object not parsed) and `POST /null/read` (allowed after
+    /// reading the review as `/inject` does, without the engine): baselines for benchmarks only.
     pub null_handler: bool,
 }
 
