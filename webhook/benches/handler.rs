@@ -1,9 +1,10 @@
 //! CPU time per request of `Handler::handle`, in memory (no TLS, no sockets): the null handler
-//! (`/null`, scans the uid only) and the sidecar policy (`/inject/<policy>`) side by side on the
-//! same 8.5 KB AdmissionReview. Their ratio is the TLS-free part of issue 4's goal (Splice at
+//! (`/null`, scans the uid only), the read baseline (`/null/read`, reads the review as `/inject`
+//! does, no engine) and the sidecar policy (`/inject/<policy>`) side by side on the same
+//! AdmissionReviews. Their ratio is the TLS-free part of issue 4's goal (Splice at
 //! least 0.7x the requests/s of the null handler).
 //!
-//! `HANDLER_CALLS=N HANDLER_PATH=/null|/inject` runs one path N times and nothing else, for
+//! `HANDLER_CALLS=N HANDLER_PATH=/null|/null/read|/inject` runs one path N times and nothing else, for
 //! counting instructions under valgrind.
 // A benchmark with a broken fixture must stop at once.
 #![allow(clippy::expect_used)]
@@ -82,7 +83,7 @@ fn main() {
         .and_then(|n| n.parse::<u32>().ok())
     {
         let path = match std::env::var("HANDLER_PATH").as_deref() {
-            Ok("/null") => "/null".to_owned(),
+            Ok(path @ ("/null" | "/null/read")) => path.to_owned(),
             _ => inject,
         };
         let body = review(PODS[1].1);
@@ -100,9 +101,9 @@ fn main() {
         load_average()
     );
     println!(
-        "| review | /null | /inject (sidecar, warm) | beyond null | inject req/s ÷ null req/s |"
+        "| review | /null | /null/read | /inject (sidecar, warm) | beyond null | inject req/s ÷ null req/s |"
     );
-    println!("|---|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|");
     for (name, pod) in PODS {
         let body = review(pod);
         let (status, out) = call(&rt, &handler, "/null", &body);
@@ -113,8 +114,14 @@ fn main() {
             "inject: {status} {}",
             String::from_utf8_lossy(&out)
         );
+        let (status, out) = call(&rt, &handler, "/null/read", &body);
+        assert_eq!(status, 200, "null/read: {}", String::from_utf8_lossy(&out));
         let null = best_cpu_us(|| {
             std::hint::black_box(call(&rt, &handler, "/null", &body));
+        })
+        .unwrap_or(f64::NAN);
+        let read = best_cpu_us(|| {
+            std::hint::black_box(call(&rt, &handler, "/null/read", &body));
         })
         .unwrap_or(f64::NAN);
         let injected = best_cpu_us(|| {
@@ -122,7 +129,7 @@ fn main() {
         })
         .unwrap_or(f64::NAN);
         println!(
-            "| {name} ({} B) | {null:.1} | {injected:.1} | {:.1} | {:.2} |",
+            "| {name} ({} B) | {null:.1} | {read:.1} | {injected:.1} | {:.1} | {:.2} |",
             body.len(),
             injected - null,
             null / injected
