@@ -181,10 +181,7 @@ impl Handler {
                 Target::Null(NullWork::Nothing) => (null_response(&body), Outcome::Null),
                 Target::Null(NullWork::Read) => match admission::parse_review(&body) {
                     Ok(review) => (allow(&review, None, &[]), Outcome::Null),
-                    Err(e) => (
-                        text(StatusCode::BAD_REQUEST, &e.to_string()),
-                        Outcome::BadRequest,
-                    ),
+                    Err(e) => malformed(&e),
                 },
                 Target::Unknown => self.admit(None, &metrics, &body),
                 Target::Policy(name, policy) => self.admit(Some((name, &policy)), &metrics, &body),
@@ -252,13 +249,7 @@ impl Handler {
     ) -> (HttpResponse, Outcome) {
         let review = match admission::parse_review(body) {
             Ok(review) => review,
-            Err(e) => {
-                tracing::debug!(reason = e.label(), "rejected a malformed AdmissionReview");
-                return (
-                    text(StatusCode::BAD_REQUEST, &e.to_string()),
-                    Outcome::BadRequest,
-                );
-            }
+            Err(e) => return malformed(&e),
         };
         let Some((policy_name, policy)) = policy else {
             // Counted and answered with a warning; a log line per request would flood during the
@@ -370,6 +361,16 @@ fn allow(review: &Review<'_>, patch_base64: Option<&[u8]>, warnings: &[String]) 
         warnings,
     );
     json(body)
+}
+
+/// The 400 for a body that is no AdmissionReview. The reason names the failure (class, byte
+/// offset, the field) and never quotes the body beyond a clipped value.
+fn malformed(e: &admission::ReviewError) -> (HttpResponse, Outcome) {
+    tracing::debug!(reason = e.label(), "rejected a malformed AdmissionReview");
+    (
+        text(StatusCode::BAD_REQUEST, &e.to_string()),
+        Outcome::BadRequest,
+    )
 }
 
 fn null_response(body: &[u8]) -> HttpResponse {
