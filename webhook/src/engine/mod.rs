@@ -272,11 +272,8 @@ pub enum Decision {
 #[derive(Debug)]
 pub struct Injection {
     /// RFC 6902 operations, already serialized as a JSON array; `b"[]"` when nothing changes.
-    /// It may hold spaces between tokens (see `patch_base64`).
     pub patch: Vec<u8>,
-    /// The standard base64 of `patch`, as an AdmissionResponse carries it. Computed with the
-    /// patch because most of it is copied from base64 encoded once per rendering, which is why
-    /// `patch` may be padded with spaces.
+    /// The standard base64 of `patch`, as an AdmissionResponse carries it.
     pub patch_base64: Vec<u8>,
     /// True when `patch` holds at least one operation.
     pub changed: bool,

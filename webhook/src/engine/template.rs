@@ -140,7 +140,7 @@ impl Rendered<'_> {
                         value: Cow::Owned(i.value.as_ref().clone()),
                         json: Some(Cow::Owned(match &i.json {
                             Some(json) => json.as_ref().clone(),
-                            None => Fragment::new(&serde_json::to_string(i.value.as_ref())?),
+                            None => Fragment::new(serde_json::to_string(i.value.as_ref())?),
                         })),
                         field: Cow::Owned(i.field.to_string()),
                     })
@@ -492,7 +492,7 @@ impl Compiler {
                 Some(key)
             };
             let base_json = if holes.is_empty() {
-                Some(Fragment::new(&serde_json::to_string(&base).map_err(
+                Some(Fragment::new(serde_json::to_string(&base).map_err(
                     |e| TemplateError {
                         field: field.clone(),
                         message: format!("cannot be serialized: {e}"),

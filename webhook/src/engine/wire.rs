@@ -1,133 +1,44 @@
-//! Writing the patch as the admission response carries it: JSON text and its base64 at once.
+//! Writing the patch as the admission response carries it: JSON text, then its base64.
 //!
 //! Most of a patch is the same bytes on every request (the rendered items of a cached rendering),
-//! so their base64 is computed once, next to their JSON, and a request copies both. Base64 of a
-//! concatenation equals the concatenation of the parts' base64 only at multiples of 3 bytes, so
-//! a constant fragment is stored padded with trailing spaces to such a length, and the writer pads
-//! the text before it with spaces to a multiple of 3 as well. Both paddings fall between JSON
-//! tokens (a fragment is a whole JSON value), where whitespace does not change the document.
+//! kept as JSON text and copied. The base64 is taken once over the finished text: with SIMD it
+//! costs less than the earlier scheme of base64 computed once per cached item and copied (which
+//! needed every piece padded to a multiple of 3 bytes), 87.1k against 88.9k instructions for an
+//! 8.5 KB injection.
 
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// The two base64 characters of every 12-bit value, so that 3 input bytes take two lookups.
-static PAIRS: [u16; 4096] = pairs();
-
-const fn pairs() -> [u16; 4096] {
-    let mut t = [0u16; 4096];
-    let mut i = 0;
-    while i < 4096 {
-        t[i] = ((ALPHABET[i >> 6] as u16) << 8) | ALPHABET[i & 63] as u16;
-        i += 1;
-    }
-    t
-}
-
-fn pair(v: u64) -> u64 {
-    // The index is masked to 12 bits, so the lookup is always in bounds.
-    u64::from(PAIRS[(v & 0xfff) as usize])
-}
-
-/// Appends the standard (padded) base64 of `input` to `out`.
+/// Appends the standard (padded) base64 of `input` to `out`. base64-simd picks SSSE3, AVX2 or
+/// NEON code at run time; the portable table encoder it replaced spent 7.2k of the 92.6k
+/// instructions of an 8.5 KB injection on the 1.2 KB of patch text that was not cached.
 pub(crate) fn encode_into(input: &[u8], out: &mut Vec<u8>) {
-    // 6 bytes to 8 characters per step, reading 8 bytes at once while 8 are left.
-    let steps = input.len().saturating_sub(2) / 6;
-    let start = out.len();
-    out.resize(start + steps * 8, 0);
-    if let Some(dst) = out.get_mut(start..) {
-        for (d, i) in dst.chunks_exact_mut(8).zip((0..).step_by(6)) {
-            let Some(Ok(s)) = input.get(i..i + 8).map(<[u8; 8]>::try_from) else {
-                break;
-            };
-            let n = u64::from_be_bytes(s);
-            let w = (pair(n >> 52) << 48)
-                | (pair(n >> 40) << 32)
-                | (pair(n >> 28) << 16)
-                | pair(n >> 16);
-            d.copy_from_slice(&w.to_be_bytes());
-        }
-    }
-    match *input.get(steps * 6..).unwrap_or_default() {
-        [] => {}
-        [a] => {
-            let w = pair(u64::from(a) << 4);
-            out.extend_from_slice(&[(w >> 8) as u8, w as u8, b'=', b'=']);
-        }
-        [a, b] => {
-            let n = (u64::from(a) << 16) | (u64::from(b) << 8);
-            let hi = pair(n >> 12);
-            out.extend_from_slice(&[
-                (hi >> 8) as u8,
-                hi as u8,
-                ALPHABET[((n >> 6) & 63) as usize],
-                b'=',
-            ]);
-        }
-        [a, b, c, ref tail @ ..] => {
-            let n = (u64::from(a) << 16) | (u64::from(b) << 8) | u64::from(c);
-            let w = (pair(n >> 12) << 16) | pair(n);
-            out.extend_from_slice(&(w as u32).to_be_bytes());
-            encode_into(tail, out);
-        }
-    }
+    base64_simd::STANDARD.encode_append(input, out);
 }
 
-/// A constant JSON value with its base64, computed once and copied into many patches.
+/// A constant JSON value, serialized once and copied into many patches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fragment {
-    /// The JSON text, followed by up to two spaces so that its length is a multiple of 3.
-    json: String,
-    /// Base64 of `json`, without `=` padding (there is none at a multiple of 3).
-    b64: String,
-}
+pub(crate) struct Fragment(String);
 
 impl Fragment {
-    pub fn new(json: &str) -> Fragment {
-        let mut padded = String::with_capacity(json.len() + 2);
-        padded.push_str(json);
-        while !padded.len().is_multiple_of(3) {
-            padded.push(' ');
-        }
-        let mut b64 = Vec::with_capacity(padded.len() / 3 * 4);
-        encode_into(padded.as_bytes(), &mut b64);
-        Fragment {
-            json: padded,
-            // Base64 output is ASCII.
-            b64: String::from_utf8(b64).unwrap_or_default(),
-        }
+    /// `json` must be one whole JSON value.
+    pub fn new(json: String) -> Fragment {
+        Fragment(json)
     }
 
-    /// The JSON text (with its padding spaces).
-    #[cfg(test)]
-    pub fn json(&self) -> &str {
-        &self.json
-    }
-
-    #[cfg(test)]
-    pub fn b64(&self) -> &str {
-        &self.b64
-    }
-
-    /// The length of the JSON text (with its padding spaces).
+    /// The length of the JSON text.
     pub fn json_len(&self) -> usize {
-        self.json.len()
+        self.0.len()
     }
 }
 
-/// JSON text being written, with the base64 of everything up to the last fragment already done.
+/// A patch being written as JSON text.
 #[derive(Debug, Default)]
 pub(crate) struct Writer {
     json: Vec<u8>,
-    b64: Vec<u8>,
-    /// `json[..encoded]` is in `b64`; always a multiple of 3.
-    encoded: usize,
 }
 
 impl Writer {
     pub fn with_capacity(json: usize) -> Writer {
         Writer {
             json: Vec::with_capacity(json),
-            b64: Vec::with_capacity(json.div_ceil(3) * 4 + 8),
-            encoded: 0,
         }
     }
 
@@ -159,33 +70,16 @@ impl Writer {
         serde_json::to_writer(&mut self.json, v)
     }
 
-    /// Writes a constant JSON value. Call it only where a JSON value may start: the spaces it may
-    /// write first must fall between two tokens.
+    /// Writes a constant JSON value where a value may start.
     pub fn fragment(&mut self, f: &Fragment) {
-        while !self.json.len().is_multiple_of(3) {
-            self.json.push(b' ');
-        }
-        self.flush();
-        self.json.extend_from_slice(f.json.as_bytes());
-        self.b64.extend_from_slice(f.b64.as_bytes());
-        self.encoded = self.json.len();
-    }
-
-    fn flush(&mut self) {
-        let whole = self.json.len() / 3 * 3;
-        if let Some(pending) = self.json.get(self.encoded..whole) {
-            encode_into(pending, &mut self.b64);
-        }
-        self.encoded = whole;
+        self.json.extend_from_slice(f.0.as_bytes());
     }
 
     /// The JSON text and its standard base64.
-    pub fn finish(mut self) -> (Vec<u8>, Vec<u8>) {
-        self.flush();
-        if let Some(rest) = self.json.get(self.encoded..) {
-            encode_into(rest, &mut self.b64);
-        }
-        (self.json, self.b64)
+    pub fn finish(self) -> (Vec<u8>, Vec<u8>) {
+        let mut b64 = Vec::with_capacity(self.json.len().div_ceil(3) * 4);
+        encode_into(&self.json, &mut b64);
+        (self.json, b64)
     }
 }
 
@@ -297,19 +191,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_fragment_is_padded_to_a_multiple_of_three_and_still_decodes_to_its_json() {
-        for json in ["{}", "[1]", "\"abcd\"", "{\"a\":1}"] {
-            let f = Fragment::new(json);
-            assert_eq!(f.json().len() % 3, 0);
-            assert_eq!(f.json().trim_end(), json);
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(f.b64())
-                .unwrap();
-            assert_eq!(decoded, f.json().as_bytes());
-        }
-    }
-
     proptest! {
         #[test]
         fn any_input_encodes_as_the_base64_crate_encodes_it(
@@ -330,10 +211,10 @@ mod tests {
             prop_assert_eq!(String::from_utf8(ours).unwrap(), serde_json::to_string(&s).unwrap());
         }
 
-        /// Text and fragments in any order: the base64 is that of the text, and the text is the
-        /// same JSON as without the padding.
+        /// Text and fragments in any order: the text is the JSON written piece by piece, and the
+        /// base64 is that of the text.
         #[test]
-        fn mixed_text_and_fragments_give_the_base64_of_the_text(
+        fn mixed_text_and_fragments_give_the_json_and_its_base64(
             parts in proptest::collection::vec((any::<bool>(), "[a-z\"\\\\]{0,7}"), 0..12),
         ) {
             let mut w = Writer::with_capacity(16);
@@ -347,7 +228,7 @@ mod tests {
                 }
                 let json = serde_json::to_string(s).unwrap();
                 if *constant {
-                    w.fragment(&Fragment::new(&json));
+                    w.fragment(&Fragment::new(json.clone()));
                 } else {
                     w.string(s);
                 }
@@ -356,10 +237,8 @@ mod tests {
             w.byte(b']');
             plain.push(b']');
             let (json, b64) = w.finish();
+            prop_assert_eq!(&json, &plain);
             prop_assert_eq!(std::str::from_utf8(&b64).unwrap(), reference(&json));
-            let ours: serde_json::Value = serde_json::from_slice(&json).unwrap();
-            let theirs: serde_json::Value = serde_json::from_slice(&plain).unwrap();
-            prop_assert_eq!(ours, theirs);
         }
     }
 }
