@@ -124,13 +124,19 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
     // One bit per open container, innermost lowest: set for an object.
     let mut stack: u64 = 0;
     let mut depth: u32 = 0;
+    // Whitespace is looked for only where a byte is not what compact JSON has there: the test
+    // before every token cost 4.6k of the 48.5k instructions of checking an 8.5 KB pod.
     'value: loop {
-        pos = fast_ws(bytes, pos);
         match *bytes.get(pos)? {
             b'"' => pos = fast_string(bytes, pos + 1)?,
             b'{' => {
-                pos = fast_ws(bytes, pos + 1);
-                match *bytes.get(pos)? {
+                pos += 1;
+                let mut b = *bytes.get(pos)?;
+                if b != b'"' && is_ws(b) {
+                    pos = fast_ws(bytes, pos);
+                    b = *bytes.get(pos)?;
+                }
+                match b {
                     b'}' => pos += 1,
                     b'"' if depth < 64 => {
                         stack = stack << 1 | 1;
@@ -142,8 +148,13 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
                 }
             }
             b'[' => {
-                pos = fast_ws(bytes, pos + 1);
-                if *bytes.get(pos)? == b']' {
+                pos += 1;
+                let mut b = *bytes.get(pos)?;
+                if is_ws(b) {
+                    pos = fast_ws(bytes, pos);
+                    b = *bytes.get(pos)?;
+                }
+                if b == b']' {
                     pos += 1;
                 } else if depth < 64 {
                     stack <<= 1;
@@ -157,6 +168,10 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
             b'f' => pos = fast_word(bytes, pos, b"false")?,
             b'n' => pos = fast_word(bytes, pos, b"null")?,
             b'-' | b'0'..=b'9' => pos = fast_number(bytes, pos)?,
+            b' ' | b'\n' | b'\r' | b'\t' => {
+                pos = fast_ws(bytes, pos + 1);
+                continue 'value;
+            }
             _ => return None,
         }
         // A value ended: close containers until one continues with a comma.
@@ -164,28 +179,40 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
             if depth == 0 {
                 return Some(pos);
             }
-            pos = fast_ws(bytes, pos);
             let b = *bytes.get(pos)?;
             let object = stack & 1 == 1;
             if b == b',' {
                 pos += 1;
                 if object {
-                    pos = fast_ws(bytes, pos);
-                    if *bytes.get(pos)? != b'"' {
+                    let mut b = *bytes.get(pos)?;
+                    if b != b'"' && is_ws(b) {
+                        pos = fast_ws(bytes, pos);
+                        b = *bytes.get(pos)?;
+                    }
+                    if b != b'"' {
                         return None;
                     }
                     pos = fast_key(bytes, pos + 1)?;
                 }
                 continue 'value;
             }
-            if b != if object { b'}' } else { b']' } {
+            if b == if object { b'}' } else { b']' } {
+                pos += 1;
+                stack >>= 1;
+                depth -= 1;
+            } else if is_ws(b) {
+                pos = fast_ws(bytes, pos);
+            } else {
                 return None;
             }
-            pos += 1;
-            stack >>= 1;
-            depth -= 1;
         }
     }
+}
+
+/// JSON whitespace: tested only where a token was expected and something else found.
+#[inline(always)]
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\n' | b'\r' | b'\t')
 }
 
 /// Past JSON whitespace.
