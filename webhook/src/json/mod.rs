@@ -995,7 +995,35 @@ impl<'a> Cursor<'a> {
     }
 
     /// True when another item follows (the cursor is then at it); false after the closing bracket.
+    #[inline(always)]
     pub fn item(&mut self, items: &mut Members) -> Result<bool, Error> {
+        // Compact text: `,` then the item's first byte, or `]`, or the first item right here.
+        let bytes = self.bytes();
+        match bytes.get(self.pos) {
+            Some(b',')
+                if !items.first
+                    && bytes
+                        .get(self.pos + 1)
+                        .is_some_and(|&b| b > b' ' && b != b']') =>
+            {
+                self.pos += 1;
+                return Ok(true);
+            }
+            Some(b']') => {
+                self.pos += 1;
+                return Ok(false);
+            }
+            Some(&b) if items.first && b > b' ' => {
+                items.first = false;
+                return Ok(true);
+            }
+            _ => {}
+        }
+        self.any_item(items)
+    }
+
+    #[inline(never)]
+    fn any_item(&mut self, items: &mut Members) -> Result<bool, Error> {
         match self.peek() {
             Some(b']') => {
                 self.pos += 1;
