@@ -323,8 +323,8 @@ pub fn allowed_response(
     allowed_response_base64(api_version, kind, uid, encoded.as_deref(), warnings)
 }
 
-/// Like [`allowed_response`], for a patch already in standard base64 (the engine encodes it with
-/// the patch, mostly from text encoded once per rendering). `patch_base64` is written verbatim.
+/// Like [`allowed_response`], for a patch already in standard base64 (the engine returns it with
+/// the patch). `patch_base64` is written verbatim.
 pub fn allowed_response_base64(
     api_version: &str,
     kind: &str,
