@@ -131,12 +131,7 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
             b'"' => pos = fast_string(bytes, pos + 1)?,
             b'{' => {
                 pos += 1;
-                let mut b = *bytes.get(pos)?;
-                if b != b'"' && is_ws(b) {
-                    pos = fast_ws(bytes, pos);
-                    b = *bytes.get(pos)?;
-                }
-                match b {
+                match token_at(bytes, &mut pos)? {
                     b'}' => pos += 1,
                     b'"' if depth < 64 => {
                         stack = stack << 1 | 1;
@@ -149,12 +144,7 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
             }
             b'[' => {
                 pos += 1;
-                let mut b = *bytes.get(pos)?;
-                if is_ws(b) {
-                    pos = fast_ws(bytes, pos);
-                    b = *bytes.get(pos)?;
-                }
-                if b == b']' {
+                if token_at(bytes, &mut pos)? == b']' {
                     pos += 1;
                 } else if depth < 64 {
                     stack <<= 1;
@@ -184,12 +174,7 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
             if b == b',' {
                 pos += 1;
                 if object {
-                    let mut b = *bytes.get(pos)?;
-                    if b != b'"' && is_ws(b) {
-                        pos = fast_ws(bytes, pos);
-                        b = *bytes.get(pos)?;
-                    }
-                    if b != b'"' {
+                    if token_at(bytes, &mut pos)? != b'"' {
                         return None;
                     }
                     pos = fast_key(bytes, pos + 1)?;
@@ -213,6 +198,18 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
 #[inline(always)]
 fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\n' | b'\r' | b'\t')
+}
+
+/// The byte at `pos`, after moving `pos` past any whitespace; the whitespace is looked for only
+/// when the byte cannot start a token.
+#[inline(always)]
+fn token_at(bytes: &[u8], pos: &mut usize) -> Option<u8> {
+    let b = *bytes.get(*pos)?;
+    if b > b' ' {
+        return Some(b);
+    }
+    *pos = fast_ws(bytes, *pos);
+    bytes.get(*pos).copied()
 }
 
 /// Past JSON whitespace.
