@@ -247,7 +247,7 @@ impl Op<'_> {
 
 impl OpValue<'_> {
     fn size_hint(&self) -> usize {
-        let item = |i: &RItem<'_>| i.json.as_ref().map_or(256, |j| j.json_len() + 2) + 1;
+        let item = |i: &RItem<'_>| i.json.as_ref().map_or(256, |j| j.json_len()) + 1;
         match self {
             OpValue::Item(i) => item(i),
             OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),

@@ -181,6 +181,9 @@ fn fast_skip(bytes: &[u8], mut pos: usize) -> Option<usize> {
                 }
                 continue 'value;
             }
+            // The comma and the closing bracket are tested before whitespace here, and the key's
+            // colon in `fast_key` likewise, rather than reading the byte with `token_at`: that
+            // costs a compare per token more, 47.0k against 43.9k instructions for the 8.5 KB pod.
             if b == if object { b'}' } else { b']' } {
                 pos += 1;
                 stack >>= 1;
