@@ -14,6 +14,21 @@ use splice_webhook::json;
 mod common;
 use common::{PODS, POLICY, compile, load_average, thread_cpu_ns};
 
+/// Distinct pod shapes cycled through by the `sidecar-new-shape` rows: more than the plan cache
+/// holds of a sidecar patch, so that none is found kept.
+const NEW_SHAPES: usize = 1024;
+
+/// `pod` with its first container renamed `NEW_SHAPES` ways.
+fn new_shapes(pod: &str) -> Vec<String> {
+    (0..NEW_SHAPES)
+        .map(|i| {
+            let mut v: serde_json::Value = serde_json::from_str(pod).expect("pod JSON");
+            v["spec"]["containers"][0]["name"] = format!("app-{i:04}").into();
+            v.to_string()
+        })
+        .collect()
+}
+
 fn bench(c: &mut Criterion) {
     let ns = NamespaceContext {
         name: "shop".into(),
@@ -42,6 +57,28 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| inject(policy, req))
             });
         }
+        // The first pod of each shape: the engine keeps the patch it plans for a pod's shape and
+        // answers the replicas after it with that patch (the `sidecar` rows above). Here every
+        // request has a shape the engine has not kept (the first container's name differs, and
+        // there are more shapes than the plan cache holds), so each one is planned and
+        // serialized, as for a Deployment's first pod.
+        let shapes = new_shapes(pod);
+        let reqs: Vec<PodRequest<'_>> = shapes
+            .iter()
+            .map(|object| PodRequest {
+                operation: Operation::Create,
+                object,
+                namespace: &ns,
+                exclusions: &exclusions,
+            })
+            .collect();
+        let mut next = 0;
+        group.bench_function(BenchmarkId::new("sidecar-new-shape", name), |b| {
+            b.iter(|| {
+                next = (next + 1) % reqs.len();
+                inject(&sidecar, &reqs[next])
+            })
+        });
         // Reinvocation on the engine's own output: the idempotence check, empty patch.
         let (_, injected) = inject_and_apply(
             &sidecar,
@@ -219,7 +256,9 @@ fn cpu_table() {
 /// that machine load does not move. It reads the object as the webhook does: checked and viewed
 /// in one pass. `ENGINE_PART=validate` counts only checking the pod as JSON, and
 /// `ENGINE_PART=read` that check with the engine's view of the pod (the webhook's read of
-/// `request.object`), to split the figure.
+/// `request.object`), to split the figure. The warm path of a replica answers with the patch kept
+/// for its shape; `ENGINE_PART=new-shape` counts the first pod of a shape instead (every call a
+/// shape not kept, planned and serialized).
 fn calls_only(n: u32) {
     let ns = NamespaceContext {
         name: "shop".into(),
@@ -234,9 +273,19 @@ fn calls_only(n: u32) {
         exclusions: &exclusions,
     };
     let part = std::env::var("ENGINE_PART").unwrap_or_default();
-    for _ in 0..n {
+    let shapes = if part == "new-shape" {
+        new_shapes(req.object)
+    } else {
+        Vec::new()
+    };
+    for i in 0..n {
         let text = std::hint::black_box(req.object);
         match part.as_str() {
+            "new-shape" => {
+                let object = &shapes[i as usize % shapes.len()];
+                let req = PodRequest { object, ..req };
+                let _ = std::hint::black_box(inject(&warm, std::hint::black_box(&req)));
+            }
             "validate" => {
                 let _ = std::hint::black_box(json::validate(text));
             }

@@ -70,7 +70,7 @@ fn running_on_its_own_output_gives_an_empty_patch() {
     let policy = sidecar();
     let (_, once) = create(&policy, &bare_pod());
     let (again, twice) = create(&policy, &once);
-    assert_eq!(again.patch, b"[]");
+    assert_eq!(&again.patch[..], b"[]");
     assert!(!again.changed);
     assert_eq!(once, twice);
 }
@@ -368,7 +368,7 @@ spec:
     let mut pod = bare_pod();
     pod["metadata"]["annotations"] = json!({"x~y/z": "author"});
     let (injection, out) = create(&policy, &pod);
-    let patch = String::from_utf8(injection.patch).unwrap();
+    let patch = String::from_utf8(injection.patch.to_vec()).unwrap();
     assert!(patch.contains("/metadata/labels/example.com~1a"), "{patch}");
     assert!(
         patch.contains("/metadata/annotations/example.com~1b"),
@@ -383,7 +383,7 @@ spec:
     let st = json!({"keys": {"hash": "0000", "labels": ["example.com/a", "a~b/c"]}});
     earlier["metadata"]["annotations"]["splice.dev/status"] = json!(st.to_string());
     let (injection, out) = create(&policy, &earlier);
-    let patch = String::from_utf8(injection.patch).unwrap();
+    let patch = String::from_utf8(injection.patch.to_vec()).unwrap();
     assert!(patch.contains("\"/metadata/labels/a~0b~1c\""), "{patch}");
     assert!(out["metadata"]["labels"].get("a~b/c").is_none());
     assert_eq!(out["metadata"]["annotations"]["x~y/z"], "author");

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use proptest::sample::subsequence;
 use serde_json::{Map, Value, json};
 use splice_crds::{InjectionPolicySpec, Operation};
-use splice_webhook::engine::{CompiledPolicy, Decision, PodRequest, inject_and_apply};
+use splice_webhook::engine::{CompiledPolicy, Decision, PodRequest, inject, inject_and_apply};
 
 const CONTAINER_NAMES: [&str; 6] = ["app", "web", "side", "mesh-proxy", "mesh-init", "worker"];
 const VOLUME_NAMES: [&str; 4] = ["data", "mesh-certs", "extra", "tmp"];
@@ -287,6 +287,129 @@ fn assert_author_content_survives(input: &Value, out: &Value) {
     }
 }
 
+/// One change to a pod, for the kept-patch property: mostly one thing a patch depends on (a name
+/// the policy injects, taken by the pod; a list or map present or absent; a label's value; a
+/// container's name), or nothing a patch depends on (a replica's name, image or own env var).
+fn edit_pod(pod: &mut Value, policy: &CompiledPolicy, edit: u8, pick: usize) {
+    let env_names = ["MESH_ENABLED", "B", "NEW"];
+    let mounts = ["/var/run/mesh", "/new", "/own"];
+    let app = |pod: &mut Value| -> Value {
+        let containers = &mut pod["spec"]["containers"];
+        let n = containers.as_array().map_or(0, Vec::len);
+        if n == 0 {
+            *containers = json!([{"name": "app"}]);
+        }
+        containers[pick % n.max(1)].take()
+    };
+    let put_app = |pod: &mut Value, c: Value| {
+        let containers = &mut pod["spec"]["containers"];
+        let n = containers.as_array().map_or(1, Vec::len);
+        containers[pick % n.max(1)] = c;
+    };
+    let push = |list: &mut Value, item: Value| match list.as_array_mut() {
+        Some(items) => items.push(item),
+        None => *list = json!([item]),
+    };
+    match edit {
+        0 => {}
+        1 => {
+            pod["metadata"]["name"] = json!(format!("replica-{pick}"));
+            let mut c = app(pod);
+            c["image"] = json!(format!("img:{pick}"));
+            push(&mut c["env"], json!({"name": "OWN", "value": "x"}));
+            put_app(pod, c);
+        }
+        2 => {
+            let mut c = app(pod);
+            push(
+                &mut c["env"],
+                json!({"name": env_names[pick], "value": "author"}),
+            );
+            put_app(pod, c);
+        }
+        3 => {
+            let mut c = app(pod);
+            push(
+                &mut c["volumeMounts"],
+                json!({"name": "data", "mountPath": mounts[pick]}),
+            );
+            put_app(pod, c);
+        }
+        4 => {
+            let mut c = app(pod);
+            let gone = ["env", "volumeMounts", "env"][pick];
+            if let Some(o) = c.as_object_mut() {
+                o.remove(gone);
+            }
+            put_app(pod, c);
+        }
+        5 => {
+            let mut c = app(pod);
+            c[["env", "volumeMounts", "env"][pick]] = json!([]);
+            put_app(pod, c);
+        }
+        6 => push(
+            &mut pod["spec"]["volumes"],
+            json!({"name": (["mesh-certs", "extra", "own"][pick]), "emptyDir": {}}),
+        ),
+        7 => push(
+            &mut pod["spec"]["initContainers"],
+            json!({"name": (["mesh-init", "side", "own-init"][pick]), "image": "i"}),
+        ),
+        // A label or annotation the policy sets, with the author's value or with the policy's own.
+        8 | 9 => {
+            let map = if edit == 8 { "labels" } else { "annotations" };
+            match pick {
+                0 => {
+                    let key = if edit == 8 {
+                        "mesh.example/injected"
+                    } else {
+                        "x.example/note"
+                    };
+                    pod["metadata"][map][key] = json!("author");
+                }
+                1 => {
+                    let injected = run(policy, pod).1;
+                    if let Some(m) = injected["metadata"][map].as_object() {
+                        for (k, v) in m {
+                            if k != "splice.dev/status" {
+                                pod["metadata"][map][k] = v.clone();
+                            }
+                        }
+                    }
+                }
+                _ => pod["metadata"][map]["own"] = json!("x"),
+            }
+        }
+        10 => {
+            let gone = ["labels", "annotations", "labels"][pick];
+            if let Some(m) = pod["metadata"].as_object_mut() {
+                m.remove(gone);
+            }
+        }
+        // Injected by this policy: as it left it, without its status annotation (an author removed
+        // it), or with one that is not the policy's.
+        11 => {
+            *pod = run(policy, pod).1;
+            let status = &mut pod["metadata"]["annotations"];
+            match pick {
+                0 => {}
+                1 => {
+                    if let Some(m) = status.as_object_mut() {
+                        m.remove("splice.dev/status");
+                    }
+                }
+                _ => status["splice.dev/status"] = json!("{}"),
+            }
+        }
+        _ => {
+            let mut c = app(pod);
+            c["name"] = json!(format!("renamed-{pick}"));
+            put_app(pod, c);
+        }
+    }
+}
+
 fn run(policy: &CompiledPolicy, pod: &Value) -> (bool, Value) {
     let (injection, out) = apply(policy, Operation::Create, pod, &ns("shop"));
     (injection.changed, out)
@@ -367,6 +490,40 @@ proptest! {
                 json_patch::patch(&mut doc, &ops).unwrap();
                 prop_assert_eq!(doc, out);
             }
+        }
+    }
+}
+
+proptest! {
+    // Pods that differ in one thing meet only by chance: more cases than the other properties.
+    #![proptest_config(ProptestConfig { cases: 1024, ..ProptestConfig::default() })]
+
+    /// The patch path keeps the patch planned for a pod's shape and answers later pods of that shape
+    /// with it. Whatever pods a policy saw before (replicas of one template, pods that differ from
+    /// them in one thing the patch depends on, pods it injected already, UPDATEs), its answer is
+    /// the one a freshly compiled policy plans.
+    #[test]
+    fn a_kept_patch_is_the_patch_planned_afresh_whatever_pods_came_before(
+        spec in policy_spec(),
+        base in pod(),
+        edits in proptest::collection::vec((0u8..13, 0usize..3, any::<bool>()), 1..16),
+    ) {
+        let warm = compile("p", &spec);
+        let shop = ns("shop");
+        let ex = exclusions();
+        // Each pod is the base with one change: pods that differ in one thing are the ones a key
+        // missing that thing would mix up.
+        for (edit, pick, update) in &edits {
+            let mut pod = base.clone();
+            edit_pod(&mut pod, &warm, *edit, *pick);
+            let op = if *update { Operation::Update } else { Operation::Create };
+            let text = pod.to_string();
+            let req = PodRequest { operation: op, object: &text, namespace: &shop, exclusions: &ex };
+            let fresh = compile("p", &spec);
+            let expected = format!("{:?}", inject(&fresh, &req));
+            // Twice: planned (or kept from an earlier pod), then surely kept.
+            prop_assert_eq!(&format!("{:?}", inject(&warm, &req)), &expected, "pod {}", text);
+            prop_assert_eq!(&format!("{:?}", inject(&warm, &req)), &expected, "pod {}", text);
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The engine over arbitrary input: it must never panic, every patch it emits must apply (with the
-//! independent json-patch crate) to give its own mutated object, and running it again on that
-//! object must give an empty patch.
+//! independent json-patch crate) to give its own mutated object, running it again on that object
+//! must give an empty patch, and the patch path (which may answer with a patch kept for an earlier
+//! input of the same shape) must give what the full path plans afresh.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -8,7 +9,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use splice_crds::{InjectionPolicy, Operation};
 use splice_webhook::engine::{
-    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject_and_apply,
+    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
 };
 
 const SIDECAR: &str = include_str!("../../testdata/policy-sidecar.yaml");
@@ -68,6 +69,15 @@ fuzz_target!(|data: &[u8]| {
     json_patch::patch(&mut doc, &ops).expect("patch applies");
     assert_eq!(doc, mutated, "json-patch and the engine disagree");
     assert_eq!(injection.changed, !ops.0.is_empty());
+    match inject(policy, &req) {
+        Ok(Decision::Inject(kept)) => {
+            assert_eq!(kept.patch, injection.patch, "the patch path's patch differs");
+            assert_eq!(kept.patch_base64, injection.patch_base64);
+            assert_eq!(kept.warnings, injection.warnings);
+            assert_eq!(kept.changed, injection.changed);
+        }
+        other => panic!("the patch path answered {other:?} where the full path injected"),
+    }
 
     let again_text = mutated.to_string();
     let again = PodRequest {

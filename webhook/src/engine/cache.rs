@@ -9,8 +9,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use super::NamespaceContext;
 use super::template::OwnedRendered;
+use super::{Injection, NamespaceContext};
 
 /// Namespaces kept per policy; past this the cache starts over (bounds memory with many
 /// namespaces, at the cost of one rendering per namespace afterwards).
@@ -97,6 +97,86 @@ impl RenderCache {
     }
 }
 
+/// Bytes of patches kept per policy (their JSON, base64 and keys); past this the cache starts over.
+/// The 8.5 KB test pod's sidecar patch and its base64 take 6.5 KB, so this holds about 80 pod
+/// shapes (a namespace's worth of Deployments) for half a megabyte per policy at most, beside the
+/// webhook's 17 MB resident set under load (`make bench-webhook`).
+const MAX_PLAN_BYTES: usize = 512 << 10;
+
+/// Patches kept across requests: the engine's answer for one rendering and one pod shape (see
+/// [`super::shape`]), so that the replicas of a template after the first are answered with a copy.
+/// Like renderings, failed plans are not kept, and the cache lives in the compiled policy.
+#[derive(Default)]
+pub(crate) struct PlanCache {
+    map: RwLock<Plans>,
+}
+
+#[derive(Default)]
+struct Plans {
+    by_key: HashMap<Vec<u8>, Plan>,
+    bytes: usize,
+}
+
+struct Plan {
+    /// The rendering the patch was made from: held, so that its address, which starts the key,
+    /// cannot be reused by another rendering while the entry lives.
+    _rendering: Arc<OwnedRendered>,
+    injection: Injection,
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        f.debug_struct("PlanCache")
+            .field("plans", &map.by_key.len())
+            .field("bytes", &map.bytes)
+            .finish()
+    }
+}
+
+impl PlanCache {
+    /// The key of a pod shape for `rendering`: its address, then [`super::shape::key`] appends.
+    pub fn key_for(rendering: &Arc<OwnedRendered>) -> Vec<u8> {
+        let mut key = Vec::with_capacity(128);
+        key.extend_from_slice(&Arc::as_ptr(rendering).addr().to_le_bytes());
+        key
+    }
+
+    /// A copy of the injection kept for `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Injection> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.by_key.get(key).map(|p| p.injection.clone())
+    }
+
+    pub fn insert(&self, key: Vec<u8>, rendering: &Arc<OwnedRendered>, injection: &Injection) {
+        let size = key.len()
+            + injection.patch.len()
+            + injection.patch_base64.len()
+            + injection.warnings.iter().map(String::len).sum::<usize>();
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if map.bytes + size > MAX_PLAN_BYTES {
+            map.by_key.clear();
+            map.bytes = 0;
+            if size > MAX_PLAN_BYTES {
+                return;
+            }
+        }
+        let plan = Plan {
+            _rendering: Arc::clone(rendering),
+            injection: injection.clone(),
+        };
+        if map.by_key.insert(key, plan).is_none() {
+            map.bytes += size;
+        }
+    }
+
+    /// Patches held, for tests.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map.read().map(|m| m.by_key.len()).unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -145,6 +225,49 @@ mod tests {
             assert!(cache.len() <= MAX_ENTRIES);
         }
         assert_eq!(cache.len(), 3);
+    }
+
+    fn injection(patch_len: usize) -> Injection {
+        Injection {
+            patch: vec![b' '; patch_len].into(),
+            patch_base64: vec![b'A'; patch_len.div_ceil(3) * 4].into(),
+            changed: true,
+            warnings: vec!["splice policy p injected: containers x".to_owned()],
+        }
+    }
+
+    #[test]
+    fn a_kept_patch_is_found_by_its_rendering_and_shape_only() {
+        let cache = PlanCache::default();
+        let (r1, r2) = (Arc::new(Rendered::default()), Arc::new(Rendered::default()));
+        let key = |r: &Arc<OwnedRendered>, shape: &[u8]| {
+            let mut k = PlanCache::key_for(r);
+            k.extend_from_slice(shape);
+            k
+        };
+        cache.insert(key(&r1, b"C1"), &r1, &injection(10));
+        assert_eq!(cache.get(&key(&r1, b"C1")).map(|i| i.patch.len()), Some(10));
+        assert!(cache.get(&key(&r1, b"C2")).is_none());
+        assert!(cache.get(&key(&r2, b"C1")).is_none());
+    }
+
+    #[test]
+    fn the_plan_cache_starts_over_past_its_byte_bound_and_never_keeps_an_oversized_patch() {
+        let cache = PlanCache::default();
+        let r = Arc::new(Rendered::default());
+        let big = MAX_PLAN_BYTES / 8;
+        for i in 0..20u8 {
+            let mut k = PlanCache::key_for(&r);
+            k.push(i);
+            cache.insert(k, &r, &injection(big));
+            let held = cache.map.read().unwrap().bytes;
+            assert!(held <= MAX_PLAN_BYTES, "{held} bytes held");
+        }
+        assert!(cache.len() < 20);
+        let mut k = PlanCache::key_for(&r);
+        k.push(255);
+        cache.insert(k.clone(), &r, &injection(MAX_PLAN_BYTES));
+        assert!(cache.get(&k).is_none());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use minijinja::Value as JValue;
 use splice_crds::{
     ALWAYS_EXCLUDED_NAMESPACES, InjectionPolicySpec, NAMESPACE_NAME_LABEL, OPT_OUT_LABEL,
@@ -17,6 +18,7 @@ mod patch;
 mod plan;
 mod provenance;
 mod selector;
+mod shape;
 mod template;
 mod validate;
 mod view;
@@ -83,6 +85,8 @@ pub struct CompiledPolicy {
     static_ctx: JValue,
     /// Renderings reused across requests when no template reads `pod`.
     render_cache: cache::RenderCache,
+    /// Patches reused across pods of one shape, for those renderings.
+    plan_cache: cache::PlanCache,
 }
 
 impl CompiledPolicy {
@@ -160,6 +164,7 @@ impl CompiledPolicy {
             values_ctx,
             static_ctx,
             render_cache: cache::RenderCache::default(),
+            plan_cache: cache::PlanCache::default(),
         })
     }
     pub fn name(&self) -> &str {
@@ -269,12 +274,13 @@ pub enum Decision {
     Skip(SkipReason),
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Injection {
     /// RFC 6902 operations, already serialized as a JSON array; `b"[]"` when nothing changes.
-    pub patch: Vec<u8>,
+    /// Shared, not copied, between the pods of one shape (see [`inject`]).
+    pub patch: Bytes,
     /// The standard base64 of `patch`, as an AdmissionResponse carries it.
-    pub patch_base64: Vec<u8>,
+    pub patch_base64: Bytes,
     /// True when `patch` holds at least one operation.
     pub changed: bool,
     /// Human-readable warnings for the AdmissionResponse (injected items, skipped author items).
@@ -524,11 +530,8 @@ fn run(
 
     let deps = policy.templates.deps;
     let meta_only = request.operation == Operation::Update;
-    let cached;
-    let fresh;
-    let rendered = if deps.pod {
-        fresh = render(policy, request, &status, meta_only)?;
-        &fresh
+    let cached = if deps.pod {
+        None
     } else {
         let scope = if deps.namespace_beyond_name {
             cache::Scope::NamespaceContext
@@ -537,15 +540,39 @@ fn run(
         } else {
             cache::Scope::Policy
         };
-        cached = policy
-            .render_cache
-            .get_or_render(scope, meta_only, request.namespace, || {
-                render(policy, request, &status, meta_only)?
-                    .to_owned_rendering()
-                    .map_err(|e| EngineError::InvalidObject(e.to_string()))
-            })?;
-        &*cached
+        Some(
+            policy
+                .render_cache
+                .get_or_render(scope, meta_only, request.namespace, || {
+                    render(policy, request, &status, meta_only)?
+                        .to_owned_rendering()
+                        .map_err(|e| EngineError::InvalidObject(e.to_string()))
+                })?,
+        )
     };
+    let fresh;
+    let rendered = match &cached {
+        Some(rendering) => &**rendering,
+        None => {
+            fresh = render(policy, request, &status, meta_only)?;
+            &fresh
+        }
+    };
+    // Pods of one template (a Deployment's replicas) get one patch: with a cached rendering, the
+    // patch made for the first pod of a shape answers the next ones. The full path builds the
+    // mutated object from the operations, so it always plans.
+    let shape_key = match &cached {
+        Some(rendering) if !want_object => {
+            let mut key = cache::PlanCache::key_for(rendering);
+            shape::key(request.operation, view, rendering, &mut key).then_some(key)
+        }
+        _ => None,
+    };
+    if let Some(key) = &shape_key
+        && let Some(injection) = policy.plan_cache.get(key)
+    {
+        return Ok((Decision::Inject(injection), None));
+    }
     let plan = plan::plan(plan::PlanInput {
         policy: &policy.name,
         hash: &policy.hash,
@@ -571,15 +598,16 @@ fn run(
     } else {
         None
     };
-    Ok((
-        Decision::Inject(Injection {
-            changed: !plan.ops.is_empty(),
-            patch,
-            patch_base64,
-            warnings: plan.warnings,
-        }),
-        object,
-    ))
+    let injection = Injection {
+        changed: !plan.ops.is_empty(),
+        patch: Bytes::from(patch),
+        patch_base64: Bytes::from(patch_base64),
+        warnings: plan.warnings,
+    };
+    if let (Some(key), Some(rendering)) = (shape_key, &cached) {
+        policy.plan_cache.insert(key, rendering, &injection);
+    }
+    Ok((Decision::Inject(injection), object))
 }
 
 /// Renders every template of `policy` for this request, and checks names that only exist after
@@ -752,4 +780,88 @@ pub fn provenance(object: &str) -> Result<Provenance, EngineError> {
     serde_json::from_str(&text).map_err(|e| {
         EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use splice_crds::InjectionPolicy;
+
+    use super::*;
+
+    const POD: &str = include_str!("../../testdata/pod-8k.json");
+
+    fn sidecar() -> CompiledPolicy {
+        let p: InjectionPolicy =
+            serde_yaml::from_str(include_str!("../../testdata/policy-sidecar.yaml")).unwrap();
+        CompiledPolicy::compile("mesh-proxy", 3, &p.spec).unwrap()
+    }
+
+    fn patch(policy: &CompiledPolicy, pod: &serde_json::Value) -> Injection {
+        let text = pod.to_string();
+        let ns = NamespaceContext {
+            name: "shop".into(),
+            ..Default::default()
+        };
+        let ex = Exclusions::default_for("splice-system");
+        let req = PodRequest {
+            operation: Operation::Create,
+            object: &text,
+            namespace: &ns,
+            exclusions: &ex,
+        };
+        match inject(policy, &req).unwrap() {
+            Decision::Inject(i) => i,
+            other => panic!("expected an injection, got {other:?}"),
+        }
+    }
+
+    /// `pod` with one more env var in its first container.
+    fn with_env(pod: &serde_json::Value, name: &str) -> serde_json::Value {
+        let mut pod = pod.clone();
+        pod["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": name, "value": "author"}));
+        pod
+    }
+
+    #[test]
+    fn replicas_of_one_template_share_one_kept_patch_and_a_taken_env_name_makes_another() {
+        let policy = sidecar();
+        let first: serde_json::Value = serde_json::from_str(POD).unwrap();
+        let a = patch(&policy, &first);
+        assert_eq!(policy.plan_cache.len(), 1);
+
+        // Another replica: its own name, image, and an env var the policy does not set.
+        let mut replica = with_env(&first, "REPLICA_ONLY");
+        replica["metadata"]["name"] = "web-8k-2".into();
+        replica["spec"]["containers"][0]["image"] = "registry.example/web:2".into();
+        let b = patch(&policy, &replica);
+        assert_eq!(policy.plan_cache.len(), 1);
+        assert_eq!((&a.patch, &a.warnings), (&b.patch, &b.warnings));
+
+        // The author sets one of the policy's env vars: the injected one is skipped there.
+        let c = patch(&policy, &with_env(&first, "MESH_ENABLED"));
+        assert_eq!(policy.plan_cache.len(), 2);
+        assert_ne!(a.patch, c.patch);
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("kept the pod's own env MESH_ENABLED")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    #[test]
+    fn a_pod_carrying_a_status_annotation_is_planned_every_time() {
+        let policy = sidecar();
+        let mut pod: serde_json::Value = serde_json::from_str(POD).unwrap();
+        pod["metadata"]["annotations"][STATUS_ANNOTATION] = "{}".into();
+        let first = patch(&policy, &pod);
+        let again = patch(&policy, &pod);
+        assert_eq!(policy.plan_cache.len(), 0);
+        assert_eq!(first.patch, again.patch);
+    }
 }

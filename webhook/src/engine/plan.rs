@@ -139,7 +139,7 @@ impl<'s> NameSet<'s> {
 }
 
 #[inline(always)]
-fn fingerprint(name: &str) -> u64 {
+pub(crate) fn fingerprint(name: &str) -> u64 {
     let b = name.as_bytes();
     let first = usize::from(b.first().copied().unwrap_or(0));
     let last = usize::from(b.last().copied().unwrap_or(0));

@@ -109,7 +109,7 @@ impl TemplateString {
 pub(crate) struct RItem<'t> {
     pub key: Cow<'t, str>,
     pub value: Cow<'t, Value>,
-    /// Pre-serialized JSON of `value` and its base64, when it does not change between requests.
+    /// Pre-serialized JSON of `value`, when it does not change between requests.
     pub json: Option<Cow<'t, Fragment>>,
     pub field: Cow<'t, str>,
 }
@@ -126,8 +126,8 @@ pub(crate) struct Rendered<'t> {
 }
 
 /// A rendering that does not depend on the pod, owned so that it can outlive the request that
-/// produced it: items keep their JSON serialized (and base64-encoded) once, and later requests
-/// borrow it as it is, with nothing converted per request.
+/// produced it: items keep their JSON serialized once, and later requests borrow it as it is, with
+/// nothing converted per request.
 pub(crate) type OwnedRendered = Rendered<'static>;
 
 impl Rendered<'_> {

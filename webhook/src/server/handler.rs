@@ -303,7 +303,7 @@ impl Handler {
                     }
                 }
                 let (patch, outcome) = if injection.changed {
-                    (Some(injection.patch_base64.as_slice()), Outcome::Injected)
+                    (Some(&injection.patch_base64[..]), Outcome::Injected)
                 } else {
                     (None, Outcome::Unchanged)
                 };
