@@ -288,8 +288,8 @@ fn assert_author_content_survives(input: &Value, out: &Value) {
 }
 
 /// One change to a pod, for the kept-patch property: mostly one thing a patch depends on (a name
-/// the policy injects, taken by the pod; a list or map present or absent; a label's value; a
-/// container's name), or nothing a patch depends on (a replica's name, image or own env var).
+/// the policy injects, taken by the pod; a list, map or object present or absent; a label's value;
+/// a container's name), or nothing a patch depends on (a replica's name, image or own env var).
 fn edit_pod(pod: &mut Value, policy: &CompiledPolicy, edit: u8, pick: usize) {
     let env_names = ["MESH_ENABLED", "B", "NEW"];
     let mounts = ["/var/run/mesh", "/new", "/own"];
@@ -389,6 +389,18 @@ fn edit_pod(pod: &mut Value, policy: &CompiledPolicy, edit: u8, pick: usize) {
         }
         // Injected by this policy: as it left it, without its status annotation (an author removed
         // it), or with one that is not the policy's.
+        // A pod without containers, without a spec, or without metadata.
+        12 => {
+            let (parent, gone) = [("spec", "containers"), ("", "spec"), ("", "metadata")][pick];
+            let at = if parent.is_empty() {
+                &mut *pod
+            } else {
+                &mut pod[parent]
+            };
+            if let Some(o) = at.as_object_mut() {
+                o.remove(gone);
+            }
+        }
         11 => {
             *pod = run(policy, pod).1;
             let status = &mut pod["metadata"]["annotations"];
@@ -506,7 +518,7 @@ proptest! {
     fn a_kept_patch_is_the_patch_planned_afresh_whatever_pods_came_before(
         spec in policy_spec(),
         base in pod(),
-        edits in proptest::collection::vec((0u8..13, 0usize..3, any::<bool>()), 1..16),
+        edits in proptest::collection::vec((0u8..14, 0usize..3, any::<bool>()), 1..16),
     ) {
         let warm = compile("p", &spec);
         let shop = ns("shop");
