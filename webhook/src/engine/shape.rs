@@ -3,11 +3,14 @@
 //!
 //! The key holds exactly what [`super::plan::plan`] reads from a pod that carries no
 //! `splice.dev/status` annotation (a pod no Splice policy has touched; every other pod is planned
-//! afresh): which lists and maps are present, the application containers' names in order, and,
-//! per list, which of the policy's items the pod already holds by name, as one bit per rendered
-//! item. Names of the pod's own items that no rendered item shares (most env vars) do not change
-//! the patch and stay out of it, and so does everything the planner does not read (images, the
-//! pod's name, its managedFields). Two pods with one key get one patch, warnings included.
+//! afresh): which objects, lists and maps are present; for each label and annotation the policy
+//! sets, whether the pod has it with the same value, another, or not at all; the application
+//! containers' names in order; and, per list, which of the policy's items the pod already holds by
+//! name, as one bit per rendered item. Names of the pod's own items that no rendered item shares
+//! (most env vars) do not change the patch and stay out of it, and so does everything the planner
+//! does not read (images, the pod's name, its managedFields). Two pods with one key get one patch,
+//! warnings included. Every field is fixed in size or prefixed with its length, so two different
+//! sets of inputs never write the same bytes.
 
 use splice_crds::{Operation, STATUS_ANNOTATION};
 
@@ -18,9 +21,9 @@ use super::view::{self, PodView, Raw, Str};
 /// A per-list bitmask needs at most this many rendered items; a larger policy is planned afresh.
 const MAX_ITEMS: usize = 64;
 
-/// Appends the key of `view` for `rendered` to `out`. False when the pod cannot
-/// share a patch: it carries a status annotation, an annotation the policy sets is not a string
-/// (the planner reports that as an error), or a rendered list is too long for a bitmask.
+/// Appends the key of `view` for `rendered` to `out`. False when the pod cannot share a patch: it
+/// carries a status annotation, an annotation the policy sets is not a string (the planner reports
+/// that as an error), or a rendered list is too long for a bitmask.
 pub(crate) fn key(
     operation: Operation,
     view: &PodView<'_>,
