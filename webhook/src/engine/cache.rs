@@ -170,6 +170,12 @@ impl PlanCache {
         }
     }
 
+    pub fn clear(&self) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        map.by_key.clear();
+        map.bytes = 0;
+    }
+
     /// Patches held, for tests.
     #[cfg(test)]
     pub fn len(&self) -> usize {

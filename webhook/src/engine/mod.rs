@@ -167,6 +167,13 @@ impl CompiledPolicy {
             plan_cache: cache::PlanCache::default(),
         })
     }
+    /// Forgets the patches kept for pod shapes, so that the next pod of any shape is planned: for
+    /// benchmarks of the first pod of a shape.
+    #[doc(hidden)]
+    pub fn forget_kept_patches(&self) {
+        self.plan_cache.clear();
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
