@@ -100,7 +100,8 @@ impl RenderCache {
 /// Bytes of patches kept per policy (their JSON, base64 and keys); past this the cache starts over.
 /// The 8.5 KB test pod's sidecar patch and its base64 take 6.5 KB, so this holds about 80 pod
 /// shapes (a namespace's worth of Deployments) for half a megabyte per policy at most, beside the
-/// webhook's 17 MB resident set under load (`make bench-webhook`).
+/// webhook's 17 MB resident set under load (`make bench-webhook`). Each entry also keeps its
+/// rendering alive (a few KB, shared by every shape of a namespace) until the entry goes.
 const MAX_PLAN_BYTES: usize = 512 << 10;
 
 /// Patches kept across requests: the engine's answer for one rendering and one pod shape (see
@@ -170,6 +171,7 @@ impl PlanCache {
         }
     }
 
+    /// Forgets every kept patch.
     pub fn clear(&self) {
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         map.by_key.clear();
