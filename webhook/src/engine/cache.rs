@@ -7,10 +7,20 @@
 //! for every request, exactly as without the cache.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::template::OwnedRendered;
 use super::{Injection, NamespaceContext};
+
+// A poisoned lock only means another request panicked mid-insert; the map is still a valid map,
+// so both caches keep using it.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Namespaces kept per policy; past this the cache starts over (bounds memory with many
 /// namespaces, at the cost of one rendering per namespace afterwards).
@@ -64,16 +74,14 @@ impl RenderCache {
             Scope::NamespaceName | Scope::NamespaceContext => ns.name.as_str(),
         };
         let fits = |e: &Entry| scope != Scope::NamespaceContext || e.context.as_ref() == Some(ns);
-        // A poisoned lock only means another request panicked mid-insert; the map is still a
-        // valid map, so keep using it.
         {
-            let read = map.read().unwrap_or_else(|p| p.into_inner());
+            let read = read(map);
             if let Some(e) = read.get(key).filter(|e| fits(e)) {
                 return Ok(Arc::clone(&e.rendered));
             }
         }
         let rendered = Arc::new(render()?);
-        let mut write = map.write().unwrap_or_else(|p| p.into_inner());
+        let mut write = write(map);
         if write.len() >= MAX_ENTRIES && !write.contains_key(key) {
             write.clear();
         }
@@ -118,6 +126,13 @@ struct Plans {
     bytes: usize,
 }
 
+impl Plans {
+    fn clear(&mut self) {
+        self.by_key.clear();
+        self.bytes = 0;
+    }
+}
+
 struct Plan {
     /// The rendering the patch was made from: held, so that its address, which starts the key,
     /// cannot be reused by another rendering while the entry lives.
@@ -127,7 +142,7 @@ struct Plan {
 
 impl std::fmt::Debug for PlanCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = read(&self.map);
         f.debug_struct("PlanCache")
             .field("plans", &map.by_key.len())
             .field("bytes", &map.bytes)
@@ -145,7 +160,7 @@ impl PlanCache {
 
     /// A copy of the injection kept for `key`.
     pub fn get(&self, key: &[u8]) -> Option<Injection> {
-        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let map = read(&self.map);
         map.by_key.get(key).map(|p| p.injection.clone())
     }
 
@@ -154,10 +169,9 @@ impl PlanCache {
             + injection.patch.len()
             + injection.patch_base64.len()
             + injection.warnings.iter().map(String::len).sum::<usize>();
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let mut map = write(&self.map);
         if map.bytes + size > MAX_PLAN_BYTES {
-            map.by_key.clear();
-            map.bytes = 0;
+            map.clear();
             if size > MAX_PLAN_BYTES {
                 return;
             }
@@ -173,9 +187,7 @@ impl PlanCache {
 
     /// Forgets every kept patch.
     pub fn clear(&self) {
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        map.by_key.clear();
-        map.bytes = 0;
+        write(&self.map).clear();
     }
 
     /// Patches held, for tests.

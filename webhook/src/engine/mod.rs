@@ -571,7 +571,7 @@ fn run(
     let shape_key = match &cached {
         Some(rendering) if !want_object => {
             let mut key = cache::PlanCache::key_for(rendering);
-            shape::key(request.operation, view, rendering, &mut key).then_some(key)
+            shape::key(request.operation, view, &status, rendering, &mut key).then_some(key)
         }
         _ => None,
     };

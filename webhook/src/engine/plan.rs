@@ -31,6 +31,9 @@ pub(crate) struct Status {
     pub mine: Option<ProvenanceEntry>,
     /// The annotation was present but not a JSON object of entries.
     pub unreadable: bool,
+    /// The annotation is present, readable or not (`{}` included: the planner then replaces it
+    /// rather than adding it).
+    pub annotated: bool,
 }
 
 impl Status {
@@ -49,6 +52,7 @@ impl Status {
         let Some(entries) = parsed else {
             return Status {
                 unreadable: true,
+                annotated: true,
                 ..Status::default()
             };
         };
@@ -59,6 +63,7 @@ impl Status {
             entries,
             mine,
             unreadable: false,
+            annotated: true,
         }
     }
 

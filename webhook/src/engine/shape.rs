@@ -12,9 +12,9 @@
 //! warnings included. Every field is fixed in size or prefixed with its length, so two different
 //! sets of inputs never write the same bytes.
 
-use splice_crds::{Operation, STATUS_ANNOTATION};
+use splice_crds::Operation;
 
-use super::plan::fingerprint;
+use super::plan::{Status, fingerprint};
 use super::template::{RItem, Rendered};
 use super::view::{self, PodView, Raw, Str};
 
@@ -27,6 +27,7 @@ const MAX_ITEMS: usize = 64;
 pub(crate) fn key(
     operation: Operation,
     view: &PodView<'_>,
+    status: &Status,
     rendered: &Rendered<'_>,
     out: &mut Vec<u8>,
 ) -> bool {
@@ -37,14 +38,11 @@ pub(crate) fn key(
         &rendered.env,
         &rendered.volume_mounts,
     ];
-    if lists.iter().any(|l| l.len() > MAX_ITEMS) {
+    if status.annotated || lists.iter().any(|l| l.len() > MAX_ITEMS) {
         return false;
     }
     let meta = view.metadata.as_ref();
     let annotations = meta.and_then(|m| m.annotations.as_ref());
-    if annotations.is_some_and(|a| a.get(STATUS_ANNOTATION).is_some()) {
-        return false;
-    }
     out.push(match operation {
         Operation::Create => b'C',
         _ => b'U',
