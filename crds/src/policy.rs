@@ -218,6 +218,15 @@ impl ReinvocationPolicy {
     }
 }
 
+/// An object whose fields the API server keeps as they are (a copy of a spec the schema above
+/// already validated when it was applied).
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
 fn default_operations() -> Vec<Operation> {
     vec![Operation::Create]
 }
@@ -250,6 +259,17 @@ pub struct InjectionPolicyStatus {
     /// Hash of the template and values the webhook injects, as recorded in `splice.dev/status`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+
+    /// The generation in force: the last one that compiled. It trails `metadata.generation` while
+    /// the current spec is invalid (Ready=False says why); the webhook keeps serving this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving_generation: Option<i64>,
+
+    /// The spec of `servingGeneration`, kept so that a replica that starts while the current spec
+    /// is invalid still serves the last good one. Splice writes it; nothing else should.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub serving_spec: Option<serde_json::Value>,
 
     /// When the certificate chain the API server verifies to call this webhook expires (RFC
     /// 3339): the serving certificate's NotAfter, which never passes its CA's. Splice renews it

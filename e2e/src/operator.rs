@@ -18,7 +18,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
 use splice_e2e::{
-    ChildGuard, PortWait, free_port, repo_root, wait_dry_run, wait_for_child_port, wait_until,
+    ChildGuard, PortWait, TestNamespace, free_port, repo_root, unique_suffix, wait_dry_run,
+    wait_for_child_port, wait_until,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -460,4 +461,57 @@ pub async fn serves_chain_of(port: u16, ca_pem: &str) -> Result<bool> {
     let _ = std::fs::remove_dir_all(&dir);
     let text = String::from_utf8_lossy(&output.stdout);
     Ok(output.status.success() && text.contains("Verify return code: 0 (ok)"))
+}
+
+/// One test's Splice: its namespace, its instance label, the running process, and the cleanup
+/// of its policies.
+pub struct Setup {
+    pub client: Client,
+    pub instance: String,
+    // Dropped in this order: Splice stops, its policies go, then its namespace.
+    pub splice: Splice,
+    _cleanup: PolicyCleanup,
+    pub splice_ns: TestNamespace,
+}
+
+impl Setup {
+    pub async fn start(prefix: &str) -> Result<Self> {
+        let client = splice_e2e::client().await?;
+        install_crd(&client).await?;
+        let instance = format!("{prefix}-{}", unique_suffix());
+        let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
+        let cleanup = PolicyCleanup {
+            instance: instance.clone(),
+        };
+        let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
+        Ok(Setup {
+            client,
+            instance,
+            splice_ns,
+            splice,
+            _cleanup: cleanup,
+        })
+    }
+
+    /// A unique policy name for this test.
+    pub fn policy(&self, name: &str) -> String {
+        format!("{}-{name}", self.instance)
+    }
+
+    /// A namespace selected by this test's policies (label `<instance>=on`).
+    pub async fn app_namespace(&self) -> Result<TestNamespace> {
+        TestNamespace::create("e2e-app", &[(&self.instance, "on")]).await
+    }
+
+    pub async fn apply(&self, name: &str, spec: Value) -> Result<()> {
+        apply_policy(&self.client, &self.instance, name, spec).await
+    }
+}
+
+/// A policy injecting one container into pods of namespaces labelled `<instance>=on`.
+pub fn sidecar_spec(instance: &str, container: &str, image: &str) -> Value {
+    json!({
+        "namespaceSelector": {"matchLabels": {instance: "on"}},
+        "template": {"containers": [{"name": container, "image": image}]}
+    })
 }

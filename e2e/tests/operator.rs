@@ -22,65 +22,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use operator::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use splice_crds::{FailurePolicy, InjectionPolicy};
 use splice_e2e::{
     AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, dry_run, unique_suffix, wait_dry_run,
     wait_until,
 };
-
-/// One test's Splice: its namespace, its instance label, the running process, and the cleanup
-/// of its policies.
-struct Setup {
-    client: Client,
-    instance: String,
-    // Dropped in this order: Splice stops, its policies go, then its namespace.
-    splice: Splice,
-    _cleanup: PolicyCleanup,
-    splice_ns: TestNamespace,
-}
-
-impl Setup {
-    async fn start(prefix: &str) -> Result<Self> {
-        let client = splice_e2e::client().await?;
-        install_crd(&client).await?;
-        let instance = format!("{prefix}-{}", unique_suffix());
-        let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
-        let cleanup = PolicyCleanup {
-            instance: instance.clone(),
-        };
-        let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
-        Ok(Setup {
-            client,
-            instance,
-            splice_ns,
-            splice,
-            _cleanup: cleanup,
-        })
-    }
-
-    /// A unique policy name for this test.
-    fn policy(&self, name: &str) -> String {
-        format!("{}-{name}", self.instance)
-    }
-
-    /// A namespace selected by this test's policies (label `<instance>=on`).
-    async fn app_namespace(&self) -> Result<TestNamespace> {
-        TestNamespace::create("e2e-app", &[(&self.instance, "on")]).await
-    }
-
-    async fn apply(&self, name: &str, spec: Value) -> Result<()> {
-        apply_policy(&self.client, &self.instance, name, spec).await
-    }
-}
-
-/// A policy injecting one container into pods of namespaces labelled `<instance>=on`.
-fn sidecar_spec(instance: &str, container: &str, image: &str) -> Value {
-    json!({
-        "namespaceSelector": {"matchLabels": {instance: "on"}},
-        "template": {"containers": [{"name": container, "image": image}]}
-    })
-}
 
 fn pod_in(ns: &TestNamespace) -> Api<Pod> {
     ns.api::<Pod>()

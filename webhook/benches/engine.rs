@@ -6,8 +6,8 @@
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group};
 use splice_crds::Operation;
 use splice_webhook::engine::{
-    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, ReadObject, inject,
-    inject_and_apply,
+    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, ReadObject, Selection,
+    inject, inject_and_apply,
 };
 use splice_webhook::json;
 
@@ -36,6 +36,7 @@ fn bench(c: &mut Criterion) {
                 object: pod,
                 namespace: &ns,
                 exclusions: &exclusions,
+                selection: Selection::Evaluate,
             };
             assert!(matches!(inject(policy, &req), Ok(Decision::Inject(i)) if i.changed));
             group.bench_with_input(BenchmarkId::new(variant, name), &req, |b, req| {
@@ -52,6 +53,7 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
+            selection: Selection::Evaluate,
         };
         group.bench_with_input(
             BenchmarkId::new("sidecar-new-shape", name),
@@ -71,6 +73,7 @@ fn bench(c: &mut Criterion) {
                 object: pod,
                 namespace: &ns,
                 exclusions: &exclusions,
+                selection: Selection::Evaluate,
             },
         )
         .expect("injects");
@@ -80,6 +83,7 @@ fn bench(c: &mut Criterion) {
             object: &injected,
             namespace: &ns,
             exclusions: &exclusions,
+            selection: Selection::Evaluate,
         };
         assert!(matches!(inject(&sidecar, &req), Ok(Decision::Inject(i)) if !i.changed));
         group.bench_with_input(
@@ -102,6 +106,7 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
+            selection: Selection::Evaluate,
         };
         group.bench_with_input(BenchmarkId::new("patch-warm", name), &req, |b, req| {
             b.iter(|| inject(&sidecar, req))
@@ -139,6 +144,7 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
+            selection: Selection::Evaluate,
         };
         group.bench_with_input(BenchmarkId::new("static-sidecar", name), &req, |b, req| {
             b.iter(|| inject(&static_policy, req))
@@ -199,6 +205,7 @@ fn cpu_table() {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
+            selection: Selection::Evaluate,
         };
         let best = |n: u32, f: &mut dyn FnMut(u32)| {
             (0..5)
@@ -256,6 +263,7 @@ fn calls_only(n: u32) {
         object: PODS[1].1,
         namespace: &ns,
         exclusions: &exclusions,
+        selection: Selection::Evaluate,
     };
     let part = std::env::var("ENGINE_PART").unwrap_or_default();
     for _ in 0..n {

@@ -595,6 +595,7 @@ mod tests {
             object: object.get(),
             namespace: &namespace,
             exclusions: &exclusions,
+            selection: crate::engine::Selection::Evaluate,
         };
         let online = crate::engine::inject_read(&policy, &request, &object).unwrap_err();
         let offline = crate::engine::inject(&policy, &request).unwrap_err();

@@ -3,11 +3,14 @@
 //! Readers never lock: each store is an [`ArcSwap`] of an immutable map, so a request sees one
 //! consistent snapshot while writers (the operator's reflectors, or the static loader) publish a
 //! new map. Writes copy the map, which is fine at the rate policies and namespaces change.
+//! A request that finds no entry yet can wait, bounded, for the watch that feeds the store.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use tokio::sync::watch;
 
 use crate::engine::{CompiledPolicy, NamespaceContext};
 
@@ -15,12 +18,15 @@ use crate::engine::{CompiledPolicy, NamespaceContext};
 #[derive(Debug)]
 pub struct SnapshotMap<T> {
     entries: ArcSwap<HashMap<String, Arc<T>>>,
+    /// Bumped after every write, for [`SnapshotMap::wait_for`].
+    written: watch::Sender<u64>,
 }
 
 impl<T> Default for SnapshotMap<T> {
     fn default() -> Self {
         SnapshotMap {
             entries: ArcSwap::from_pointee(HashMap::new()),
+            written: watch::channel(0).0,
         }
     }
 }
@@ -35,6 +41,27 @@ impl<T> SnapshotMap<T> {
         self.entries.load().get(name).cloned()
     }
 
+    /// The entry named `name`, waiting up to `within` for a writer to add it.
+    pub async fn wait_for(&self, name: &str, within: Duration) -> Option<Arc<T>> {
+        // Subscribed before the first look, so a write between the look and the wait still wakes.
+        let mut written = self.written.subscribe();
+        let deadline = tokio::time::sleep(within);
+        tokio::pin!(deadline);
+        loop {
+            if let Some(found) = self.get(name) {
+                return Some(found);
+            }
+            tokio::select! {
+                changed = written.changed() => if changed.is_err() { return None },
+                () = &mut deadline => return self.get(name),
+            }
+        }
+    }
+
+    fn wrote(&self) {
+        self.written.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// Adds or replaces the entry `name`; returns the one it replaced.
     pub fn insert(&self, name: impl Into<String>, value: Arc<T>) -> Option<Arc<T>> {
         let name = name.into();
@@ -44,6 +71,7 @@ impl<T> SnapshotMap<T> {
             previous = next.insert(name.clone(), Arc::clone(&value));
             next
         });
+        self.wrote();
         previous
     }
 
@@ -55,6 +83,7 @@ impl<T> SnapshotMap<T> {
             previous = next.remove(name);
             next
         });
+        self.wrote();
         previous
     }
 
@@ -62,6 +91,7 @@ impl<T> SnapshotMap<T> {
     /// the new one, never a mix.
     pub fn replace_all(&self, entries: impl IntoIterator<Item = (String, Arc<T>)>) {
         self.entries.store(Arc::new(entries.into_iter().collect()));
+        self.wrote();
     }
 
     /// Names in the current snapshot, sorted.
@@ -157,6 +187,32 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(store.len(), 400);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_gets_the_entry_a_writer_adds_within_the_bound() {
+        let store: Arc<SnapshotMap<u32>> = Arc::new(SnapshotMap::new());
+        let writer = Arc::clone(&store);
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            writer.insert("other", Arc::new(1));
+            writer.insert("p", Arc::new(7));
+        });
+        let found = store.wait_for("p", Duration::from_secs(10)).await;
+        assert_eq!(found.as_deref(), Some(&7));
+        late.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_gives_up_at_the_bound_when_nothing_arrives() {
+        let store: SnapshotMap<u32> = SnapshotMap::new();
+        store.insert("other", Arc::new(1));
+        assert!(
+            store
+                .wait_for("p", Duration::from_millis(30))
+                .await
+                .is_none()
+        );
     }
 
     #[test]

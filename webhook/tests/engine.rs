@@ -446,6 +446,7 @@ spec:
             object: &pod,
             namespace: &ns("shop"),
             exclusions: &ex,
+            selection: splice_webhook::engine::Selection::Evaluate,
         },
     )
     .unwrap_err();
@@ -515,6 +516,7 @@ spec:
             object: &pod,
             namespace: &ns("shop"),
             exclusions: &ex,
+            selection: splice_webhook::engine::Selection::Evaluate,
         },
     )
     .unwrap_err();
@@ -625,6 +627,7 @@ fn malformed_objects_are_errors_not_panics() {
                 object: bad,
                 namespace: &ns("shop"),
                 exclusions: &ex,
+                selection: splice_webhook::engine::Selection::Evaluate,
             },
         );
         let err = r.expect_err(bad);
@@ -643,6 +646,7 @@ fn every_list_the_engine_reads_must_be_an_array_or_null() {
                 object,
                 namespace: &ns("shop"),
                 exclusions: &ex,
+                selection: splice_webhook::engine::Selection::Evaluate,
             },
         )
     };
@@ -726,6 +730,7 @@ spec:
             object: &pod,
             namespace: &namespace,
             exclusions: &ex,
+            selection: splice_webhook::engine::Selection::Evaluate,
         },
     )
     .unwrap_err();

@@ -12,7 +12,9 @@ use proptest::prelude::*;
 use proptest::sample::subsequence;
 use serde_json::{Map, Value, json};
 use splice_crds::{InjectionPolicySpec, Operation};
-use splice_webhook::engine::{CompiledPolicy, Decision, PodRequest, inject, inject_and_apply};
+use splice_webhook::engine::{
+    CompiledPolicy, Decision, PodRequest, Selection, inject, inject_and_apply,
+};
 
 const CONTAINER_NAMES: [&str; 6] = ["app", "web", "side", "mesh-proxy", "mesh-init", "worker"];
 const VOLUME_NAMES: [&str; 4] = ["data", "mesh-certs", "extra", "tmp"];
@@ -495,7 +497,7 @@ proptest! {
         let ex = exclusions();
         let shop = ns("shop");
         for object in [text.as_str(), json_like.as_str()] {
-            let req = PodRequest { operation: Operation::Create, object, namespace: &shop, exclusions: &ex };
+            let req = PodRequest { operation: Operation::Create, object, namespace: &shop, exclusions: &ex , selection: Selection::Evaluate };
             if let Ok((Decision::Inject(i), out)) = inject_and_apply(&policy, &req) {
                 let ops: json_patch::Patch = serde_json::from_slice(&i.patch).unwrap();
                 let mut doc: Value = serde_json::from_str(object).unwrap();
@@ -530,7 +532,7 @@ proptest! {
             edit_pod(&mut pod, &warm, *edit, *pick);
             let op = if *update { Operation::Update } else { Operation::Create };
             let text = pod.to_string();
-            let req = PodRequest { operation: op, object: &text, namespace: &shop, exclusions: &ex };
+            let req = PodRequest { operation: op, object: &text, namespace: &shop, exclusions: &ex , selection: Selection::Evaluate };
             let fresh = compile("p", &spec);
             let expected = format!("{:?}", inject(&fresh, &req));
             // Twice: planned (or kept from an earlier pod), then surely kept.

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use engine_common::*;
 use serde_json::{Value, json};
 use splice_crds::Operation;
-use splice_webhook::engine::{EngineError, NamespaceContext, PodRequest, inject};
+use splice_webhook::engine::{EngineError, NamespaceContext, PodRequest, Selection, inject};
 
 fn pod() -> Value {
     json!({
@@ -114,6 +114,7 @@ fn a_rendering_error_is_reported_on_every_request_not_only_the_first() {
                 object: &text,
                 namespace: &no_team,
                 exclusions: &ex,
+                selection: Selection::Evaluate,
             },
         )
         .expect_err("namespace without the team label");

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use server_common::*;
 use splice_webhook::engine::{CompiledPolicy, NamespaceContext, SkipReason};
 use splice_webhook::metrics::Outcome;
-use splice_webhook::server::{AdmissionHook, Admitted};
+use splice_webhook::server::{AdmissionHook, Admitted, WebhookConfig};
 use splice_webhook::store::PolicyStore;
 
 const SIDECAR_POLICY: &str = include_str!("../testdata/policy-sidecar.yaml");
@@ -226,34 +226,95 @@ spec:
 "#;
 
 #[tokio::test]
-async fn the_namespace_store_decides_namespace_selection() {
+async fn the_api_servers_namespace_match_stands_whatever_the_namespace_store_says() {
     let server = Running::start_with(config(), store_with(&[NAMESPACE_SCOPED_POLICY]), None).await;
     let body = pod_review("u", "team-a", false, SMALL_POD);
     let request = post("/inject/labelled", "application/json", body.as_bytes());
 
-    // Unknown namespace: only its name label is known, and it does not select.
+    // The store has not seen team-a's label yet (a namespace labelled a moment ago): the API
+    // server matched the configuration's namespaceSelector, so the pod is injected.
     let reply = exchange(&server, &request).await;
-    assert!(patch_of(&reply).is_none());
+    let patched = apply(
+        SMALL_POD,
+        &patch_of(&reply).expect("injected although the store does not know the namespace"),
+    );
+    assert_eq!(patched["metadata"]["labels"]["injected-into"], "team-a");
+
+    // A stale store that says the namespace does not match changes nothing either.
+    let ctx = NamespaceContext {
+        name: "team-a".to_owned(),
+        ..Default::default()
+    };
+    server.namespaces.insert("team-a", Arc::new(ctx));
+    assert!(patch_of(&exchange(&server, &request).await).is_some());
     assert_eq!(
         server
             .metrics
             .admission("labelled")
             .skips(SkipReason::NamespaceNotSelected),
-        1
+        0
     );
 
-    let mut ctx = NamespaceContext {
-        name: "team-a".to_owned(),
-        ..Default::default()
-    };
-    ctx.labels.insert("mesh".to_owned(), "enabled".to_owned());
-    server.namespaces.insert("team-a", Arc::new(ctx));
+    // The mandatory exclusions and the opt-out label still hold.
+    let body = pod_review("u", "kube-system", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post("/inject/labelled", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert!(patch_of(&reply).is_none());
+}
+
+const NAMESPACE_LABEL_POLICY: &str = r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: team-label}
+spec:
+  template:
+    labels: {team: "{{ namespace.labels.team }}"}
+"#;
+
+fn watched() -> WebhookConfig {
+    let mut config = config();
+    config.cache_wait = Some(std::time::Duration::from_secs(10));
+    config
+}
+
+#[tokio::test]
+async fn a_policy_the_watch_delivers_while_the_request_waits_is_injected() {
+    let server = Running::start_with(watched(), Arc::new(PolicyStore::new()), None).await;
+    let body = pod_review("u", "shop", false, POD_8K);
+    let request = post("/inject/mesh-proxy", "application/json", body.as_bytes());
+    let policies = Arc::clone(&server.policies);
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (name, policy) = compile(SIDECAR_POLICY);
+        policies.insert(name, policy);
+    });
     let reply = exchange(&server, &request).await;
-    let patched = apply(
-        SMALL_POD,
-        &patch_of(&reply).expect("a patch once the namespace is labelled"),
-    );
-    assert_eq!(patched["metadata"]["labels"]["injected-into"], "team-a");
+    late.await.expect("the writer finished");
+    assert!(patch_of(&reply).is_some(), "{}", reply.text());
+}
+
+#[tokio::test]
+async fn a_namespace_the_watch_delivers_while_the_request_waits_feeds_the_template() {
+    let server = Running::start_with(watched(), store_with(&[NAMESPACE_LABEL_POLICY]), None).await;
+    let body = pod_review("u", "team-b", false, SMALL_POD);
+    let request = post("/inject/team-label", "application/json", body.as_bytes());
+    let namespaces = Arc::clone(&server.namespaces);
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut ctx = NamespaceContext {
+            name: "team-b".to_owned(),
+            ..Default::default()
+        };
+        ctx.labels.insert("team".to_owned(), "payments".to_owned());
+        namespaces.insert("team-b", Arc::new(ctx));
+    });
+    let reply = exchange(&server, &request).await;
+    late.await.expect("the writer finished");
+    let patched = apply(SMALL_POD, &patch_of(&reply).expect("injected"));
+    assert_eq!(patched["metadata"]["labels"]["team"], "payments");
 }
 
 #[tokio::test]

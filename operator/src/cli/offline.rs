@@ -18,7 +18,7 @@ use splice_crds::{
 };
 use splice_webhook::engine::{
     self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, PodRequest,
-    SkipReason,
+    Selection, SkipReason,
 };
 
 /// The API group and kind a policy document must declare.
@@ -750,6 +750,7 @@ pub(crate) fn call_webhook(
         object: &text,
         namespace: admission.namespace,
         exclusions: admission.exclusions,
+        selection: Selection::Evaluate,
     };
     let decision = match engine::inject(&policy.compiled, &request) {
         Ok(decision) => decision,

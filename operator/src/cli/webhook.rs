@@ -115,6 +115,8 @@ async fn serve(
 
     let mut config = WebhookConfig::new(&args.splice_namespace);
     config.null_handler = args.null_handler;
+    // Static policies and no namespace watch: nothing would arrive by waiting.
+    config.cache_wait = None;
     config.shutdown_delay = Duration::from_secs(args.shutdown_delay);
     config.drain_timeout = Duration::from_secs(args.drain_timeout);
 

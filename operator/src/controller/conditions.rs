@@ -73,10 +73,20 @@ pub enum WebhookOutcome {
     Applied { configuration: String },
     /// Removed (or kept absent) because the policy is paused.
     Paused { configuration: String },
-    /// Removed (or kept absent) because the policy's templates do not compile.
+    /// Removed (or kept absent) because the policy does not compile and no earlier generation
+    /// did.
     Invalid {
         configuration: String,
+        reason: &'static str,
         error: String,
+    },
+    /// The current generation does not compile; the configuration still serves the last one that
+    /// did (`serving_generation`), unchanged.
+    Held {
+        configuration: String,
+        reason: &'static str,
+        error: String,
+        serving_generation: i64,
     },
     /// Could not be written; the reconciler retries with backoff.
     Failed {
@@ -89,8 +99,10 @@ pub enum WebhookOutcome {
 #[derive(Clone, Debug)]
 pub struct Observation<'a> {
     pub generation: Option<i64>,
-    /// The compiled template hash, when the templates compile.
+    /// The template hash of the generation in force.
     pub template_hash: Option<&'a str>,
+    /// The generation in force and its spec (see [`super::serving`]).
+    pub serving: Option<(i64, &'a serde_json::Value)>,
     pub webhook: &'a WebhookOutcome,
     pub failure_policy: &'a FailurePolicyDecision,
     pub conflicts: &'a [Conflict],
@@ -157,22 +169,48 @@ pub fn desired_status(
         }
         WebhookOutcome::Invalid {
             configuration,
+            reason,
             error,
         } => (
             (
                 ConditionStatus::False,
-                "InvalidTemplate",
+                *reason,
                 format!(
-                    "The template does not compile: {error}. No pod is injected until spec.template \
-                     (or spec.values) is fixed."
+                    "The policy does not compile: {error}. No pod is injected until the spec is \
+                     fixed."
                 ),
             ),
             (
                 ConditionStatus::False,
-                "InvalidTemplate",
+                *reason,
                 format!(
-                    "MutatingWebhookConfiguration {configuration} was removed because the template \
-                     does not compile."
+                    "MutatingWebhookConfiguration {configuration} was removed because no \
+                     generation of this policy compiles."
+                ),
+            ),
+        ),
+        WebhookOutcome::Held {
+            configuration,
+            reason,
+            error,
+            serving_generation,
+        } => (
+            (
+                ConditionStatus::False,
+                *reason,
+                format!(
+                    "Generation {} does not compile: {error}. Generation {serving_generation} \
+                     (status.servingGeneration) stays in force: MutatingWebhookConfiguration \
+                     {configuration} and every replica keep serving it until the spec is fixed.",
+                    generation.unwrap_or_default()
+                ),
+            ),
+            (
+                ConditionStatus::True,
+                "ServingLastGood",
+                format!(
+                    "MutatingWebhookConfiguration {configuration} is unchanged: it serves \
+                     generation {serving_generation}, the last that compiled."
                 ),
             ),
         ),
@@ -228,8 +266,12 @@ pub fn desired_status(
     status.observed_generation = generation;
     status.effective_failure_policy = Some(obs.failure_policy.effective);
     status.template_hash = obs.template_hash.map(str::to_owned);
+    status.serving_generation = obs.serving.map(|(g, _)| g);
+    status.serving_spec = obs.serving.map(|(_, spec)| spec.clone());
     status.webhook_configuration = match obs.webhook {
-        WebhookOutcome::Applied { configuration } => Some(configuration.clone()),
+        WebhookOutcome::Applied { configuration } | WebhookOutcome::Held { configuration, .. } => {
+            Some(configuration.clone())
+        }
         // The configuration may still exist from an earlier generation; the name stays until it
         // is known to be gone.
         WebhookOutcome::Failed { .. } => status.webhook_configuration,
@@ -366,6 +408,7 @@ mod tests {
         Observation {
             generation: Some(2),
             template_hash: Some("h1"),
+            serving: None,
             webhook,
             failure_policy: fp,
             conflicts,
@@ -455,6 +498,7 @@ mod tests {
         let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
         let w = WebhookOutcome::Invalid {
             configuration: "splice-p".into(),
+            reason: "InvalidTemplate",
             error: "spec.template.containers[0].image: undefined variable `values.nope`".into(),
         };
         let mut o = obs(&w, &fp, &[]);
@@ -464,6 +508,53 @@ mod tests {
         assert_eq!(ready.reason, "InvalidTemplate");
         assert!(ready.message.contains("values.nope"));
         assert_eq!(s.template_hash, None);
+    }
+
+    #[test]
+    fn an_invalid_update_says_why_names_the_generation_in_force_and_keeps_the_configuration() {
+        let fp = effective_failure_policy(FailurePolicy::Ignore, &GuardStatus::not_observed());
+        let spec = serde_json::json!({"template": {"containers": [{"name": "proxy"}]}});
+        let ok = applied();
+        let mut o = obs(&ok, &fp, &[]);
+        o.serving = Some((2, &spec));
+        let before = desired_status(None, &o, ts(1));
+
+        let held = WebhookOutcome::Held {
+            configuration: "splice-p".into(),
+            reason: "InvalidTemplate",
+            error: "spec.template.containers[0].image: undefined value (in values.nope)".into(),
+            serving_generation: 2,
+        };
+        let mut o = obs(&held, &fp, &[]);
+        o.generation = Some(3);
+        o.serving = Some((2, &spec));
+        let after = desired_status(Some(&before), &o, ts(2));
+        let ready = cond(&after, condition::READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidTemplate")
+        );
+        assert!(
+            ready.message.contains("Generation 3 does not compile"),
+            "{}",
+            ready.message
+        );
+        assert!(ready.message.contains("spec.template.containers[0].image"));
+        assert!(ready.message.contains("Generation 2"));
+        assert_eq!(ready.observed_generation, Some(3));
+        let configured = cond(&after, condition::WEBHOOK_CONFIGURED);
+        assert_eq!(configured.status, "True");
+        assert_eq!(after.webhook_configuration.as_deref(), Some("splice-p"));
+        assert_eq!(after.serving_generation, Some(2));
+        assert_eq!(after.serving_spec.as_ref(), Some(&spec));
+        assert_eq!(after.template_hash.as_deref(), Some("h1"));
+        let events = planned_events(Some(&before), &after);
+        assert!(
+            events
+                .iter()
+                .any(|e| e.severity == Severity::Warning && e.reason == "InvalidTemplate"),
+            "{events:?}"
+        );
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! holds the Lease also turns policies into webhook configurations, keeps the CA Secret and writes
 //! status and Events.
 //!
-//! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`ca`] and [`rotation`];
+//! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`serving`], [`ca`] and
+//! [`rotation`];
 //! API calls in [`reconcile`] (one policy), [`certs`] (the CA Secrets) and [`leader`] (the Lease);
 //! wiring here.
 
@@ -19,6 +20,7 @@ pub mod reconcile;
 mod reconcile_tests;
 pub mod render;
 pub mod rotation;
+pub mod serving;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -620,9 +622,10 @@ async fn sweep_once(
     Ok(())
 }
 
-/// Keeps the webhook's policy store equal to the managed policies, compiling each policy once
-/// per generation. Signals `changed` when the set of (policy, generation) changes and `synced`
-/// once the first full list is in.
+/// Keeps the webhook's policy store equal to the managed policies, serving for each the
+/// generation in force ([`serving::in_force`]): an update that does not compile leaves the last
+/// good one in place. Compiles once per change of what decides that. Signals `changed` when the
+/// set of (policy, generation) changes and `synced` once the first full list is in.
 async fn feed_policy_store(
     api: Api<InjectionPolicy>,
     config: watcher::Config,
@@ -630,8 +633,7 @@ async fn feed_policy_store(
     changed: watch::Sender<u64>,
     synced: watch::Sender<bool>,
 ) {
-    // (uid, generation) of what is in the store, so status-only updates do not recompile.
-    let mut compiled: HashMap<String, (Option<String>, Option<i64>)> = HashMap::new();
+    let mut compiled: HashMap<String, CompileKey> = HashMap::new();
     let mut listing: Vec<InjectionPolicy> = Vec::new();
     let bump = |changed: &watch::Sender<u64>| changed.send_modify(|n| *n = n.wrapping_add(1));
     let mut events = std::pin::pin!(watcher(api, config).default_backoff());
@@ -644,11 +646,9 @@ async fn feed_policy_store(
                 let mut keys = HashMap::new();
                 for p in listing.drain(..) {
                     let name = p.name_any();
-                    let key = (p.metadata.uid.clone(), p.metadata.generation);
-                    let reuse = compiled.get(&name) == Some(&key);
-                    let entry = match store.get(&name) {
-                        Some(existing) if reuse => Some(existing),
-                        _ => compile(&p).map(Arc::new),
+                    let (key, entry) = match compiled.get(&name) {
+                        Some(key) if key.still(&p) => (key.clone(), store.get(&name)),
+                        _ => serve(&p, store.get(&name)),
                     };
                     if let Some(entry) = entry {
                         entries.push((name.clone(), entry));
@@ -662,13 +662,13 @@ async fn feed_policy_store(
             }
             Ok(watcher::Event::Apply(p)) => {
                 let name = p.name_any();
-                let key = (p.metadata.uid.clone(), p.metadata.generation);
-                if compiled.get(&name) == Some(&key) {
+                if compiled.get(&name).is_some_and(|key| key.still(&p)) {
                     continue;
                 }
-                match compile(&p) {
+                let (key, entry) = serve(&p, store.get(&name));
+                match entry {
                     Some(c) => {
-                        store.insert(name.clone(), Arc::new(c));
+                        store.insert(name.clone(), c);
                     }
                     None => {
                         store.remove(&name);
@@ -688,19 +688,58 @@ async fn feed_policy_store(
     }
 }
 
-fn compile(policy: &InjectionPolicy) -> Option<CompiledPolicy> {
-    let name = policy.name_any();
-    match CompiledPolicy::compile(
-        &name,
-        policy.metadata.generation.unwrap_or_default(),
-        &policy.spec,
-    ) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(policy = %name, error = %e, "policy does not compile; not serving it");
-            None
-        }
+/// What the compiled entry of a policy was decided from: its uid and generation, and, while the
+/// current generation does not compile, the generation the status keeps in force. A status-only
+/// update changes none of these and recompiles nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct CompileKey {
+    uid: Option<String>,
+    generation: Option<i64>,
+    /// `None` when the current generation compiled.
+    kept: Option<Option<i64>>,
+}
+
+impl CompileKey {
+    fn still(&self, policy: &InjectionPolicy) -> bool {
+        self.uid == policy.metadata.uid
+            && self.generation == policy.metadata.generation
+            && self.kept.is_none_or(|kept| {
+                kept == policy.status.as_ref().and_then(|s| s.serving_generation)
+            })
     }
+}
+
+/// The entry to serve for `policy`, given the one this replica serves now.
+fn serve(
+    policy: &InjectionPolicy,
+    serving: Option<Arc<CompiledPolicy>>,
+) -> (CompileKey, Option<Arc<CompiledPolicy>>) {
+    let name = policy.name_any();
+    let in_force = serving::in_force(policy);
+    let kept = match &in_force {
+        serving::InForce::Current(_) => None,
+        _ => Some(policy.status.as_ref().and_then(|s| s.serving_generation)),
+    };
+    let key = CompileKey {
+        uid: policy.metadata.uid.clone(),
+        generation: policy.metadata.generation,
+        kept,
+    };
+    if let Some(error) = in_force.error() {
+        tracing::warn!(policy = %name, generation = policy.metadata.generation, error = %error, "policy does not compile; serving the last generation that did, if any");
+    }
+    let entry = match in_force.into_compiled() {
+        Some(c) => Some(Arc::new(c)),
+        // The status may not record the last good generation yet (the leader writes it after
+        // this replica compiled it): keep serving what this replica already had of this policy.
+        None => serving.filter(|s| {
+            policy
+                .metadata
+                .generation
+                .is_some_and(|g| s.generation() < g)
+        }),
+    };
+    (key, entry)
 }
 
 fn namespace_context(ns: &Namespace) -> NamespaceContext {

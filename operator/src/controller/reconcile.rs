@@ -5,6 +5,7 @@
 //! replica still leads, so a replica that lost the lease stops writing even before its task is
 //! cancelled.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use splice_crds::{
     FailurePolicy, InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
 };
-use splice_webhook::engine::CompiledPolicy;
+use splice_webhook::engine::PolicyError;
 
 use super::Context;
 use super::conditions::{
@@ -28,6 +29,7 @@ use super::conflicts::conflicts_of;
 use super::render::{
     RenderContext, RenderError, is_up_to_date, render, webhook_configuration_name,
 };
+use super::serving::{InForce, in_force};
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
 pub const RESYNC: Duration = Duration::from_secs(300);
@@ -127,9 +129,18 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     let name = policy.name_any();
     let configuration = webhook_configuration_name(&name);
     let generation = policy.metadata.generation;
-    let compiled = CompiledPolicy::compile(&name, generation.unwrap_or_default(), &policy.spec);
+    let in_force = in_force(policy);
+    // The webhook configuration is rendered from the spec in force: an invalid update leaves it
+    // exactly as the last good generation had it.
+    let served = match &in_force {
+        InForce::LastGood { compiled, .. } => Cow::Owned(InjectionPolicy {
+            spec: compiled.spec().clone(),
+            ..policy.clone()
+        }),
+        InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
+    };
     let guard = ctx.guard.borrow().clone();
-    let failure_policy = effective_failure_policy(policy.spec.failure_policy, &guard);
+    let failure_policy = effective_failure_policy(served.spec.failure_policy, &guard);
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
     drop(all);
@@ -142,29 +153,41 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else if let Err(compile_error) = &compiled {
-        let error = compile_error.to_string();
+    } else if let InForce::Nothing(error) = &in_force {
         match ensure_absent(ctx, policy, &configuration).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
-                error,
+                reason: invalid_reason(error),
+                error: error.to_string(),
             },
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else {
-        match ensure_applied(ctx, policy, failure_policy.effective).await {
+        match ensure_applied(ctx, &served, failure_policy.effective).await {
             Ok(change) => {
                 restored = change.filter(|_| was_applied_at_this_generation(policy));
-                WebhookOutcome::Applied { configuration }
+                match &in_force {
+                    InForce::LastGood { compiled, error } => WebhookOutcome::Held {
+                        configuration,
+                        reason: invalid_reason(error),
+                        error: error.to_string(),
+                        serving_generation: compiled.generation(),
+                    },
+                    InForce::Current(_) | InForce::Nothing(_) => {
+                        WebhookOutcome::Applied { configuration }
+                    }
+                }
             }
             Err(e) => failed(configuration, e, &mut failure),
         }
     };
 
-    let template_hash = compiled.as_ref().ok().map(|c| c.template_hash().to_owned());
+    let template_hash = in_force.compiled().map(|c| c.template_hash().to_owned());
+    let serving = in_force.record();
     let observation = Observation {
         generation,
         template_hash: template_hash.as_deref(),
+        serving: serving.as_ref().map(|(g, spec)| (*g, spec)),
         webhook: &outcome,
         failure_policy: &failure_policy,
         conflicts: &conflicts,
@@ -192,6 +215,16 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     match failure {
         Some(e) => Err(e),
         None => Ok(Action::requeue(RESYNC)),
+    }
+}
+
+/// The Ready reason for a policy that does not compile.
+fn invalid_reason(error: &PolicyError) -> &'static str {
+    match error {
+        PolicyError::Template { .. } => "InvalidTemplate",
+        PolicyError::Selector { .. } => "InvalidSelector",
+        PolicyError::DuplicateName { .. } => "DuplicateName",
+        PolicyError::InvalidField { .. } => "InvalidField",
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use splice_crds::{InjectionPolicy, Operation};
 use splice_webhook::engine::{
-    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, inject, inject_and_apply,
+    CompiledPolicy, Decision, Exclusions, NamespaceContext, PodRequest, Selection, inject,
+    inject_and_apply,
 };
 
 const SIDECAR: &str = include_str!("../../testdata/policy-sidecar.yaml");
@@ -60,6 +61,7 @@ fuzz_target!(|data: &[u8]| {
         object,
         namespace: &ns,
         exclusions: &ex,
+        selection: Selection::Evaluate,
     };
     let Ok((Decision::Inject(injection), mutated)) = inject_and_apply(policy, &req) else {
         return;

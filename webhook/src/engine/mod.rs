@@ -193,6 +193,10 @@ impl CompiledPolicy {
     pub fn reads_pod(&self) -> bool {
         self.templates.deps.pod
     }
+    /// True when some template reads the namespace's labels or annotations (not just its name).
+    pub fn reads_namespace_metadata(&self) -> bool {
+        self.templates.deps.namespace_beyond_name
+    }
     /// Evaluates the namespace and object selectors (full LabelSelector semantics). `None` when
     /// both select; otherwise the reason this policy leaves the pod alone.
     pub fn check_selectors(
@@ -270,6 +274,21 @@ pub struct PodRequest<'a> {
     pub object: &'a str,
     pub namespace: &'a NamespaceContext,
     pub exclusions: &'a Exclusions,
+    /// Whether the policy's selectors are decided here or were decided by the API server.
+    pub selection: Selection,
+}
+
+/// Who decides whether a policy's namespace and object selectors select the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// The engine evaluates both selectors: offline (`splice inject`, `simulate`, `explain`),
+    /// where no API server has matched anything.
+    Evaluate,
+    /// The API server matched the webhook configuration's selectors before calling the webhook,
+    /// so only the mandatory exclusions and the opt-out label are checked here. The webhook's
+    /// namespace cache can lag the API server (a namespace created or labelled a moment ago), and
+    /// the API server's decision is the one the cluster acted on.
+    ByApiServer,
 }
 
 /// What the engine decided for one pod.
@@ -505,6 +524,9 @@ fn precheck(
     let label = |k: &str| labels.and_then(|l| l.get(k)).map(|v: &Str<'_>| &**v);
     if label(OPT_OUT_LABEL) == Some("false") {
         return Some(SkipReason::OptedOut);
+    }
+    if request.selection == Selection::ByApiServer {
+        return None;
     }
     if !policy.selects_namespace(request.namespace) {
         return Some(SkipReason::NamespaceNotSelected);
@@ -816,6 +838,7 @@ mod tests {
             object: &text,
             namespace: &ns,
             exclusions: &ex,
+            selection: Selection::Evaluate,
         };
         match inject(policy, &req).unwrap() {
             Decision::Inject(i) => i,

@@ -12,7 +12,9 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Body;
 
 use crate::admission::{self, Review};
-use crate::engine::{self, CompiledPolicy, Decision, PodRequest, SkipReason};
+use crate::engine::{
+    self, CompiledPolicy, Decision, NamespaceContext, PodRequest, Selection, SkipReason,
+};
 use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
 use crate::server::WebhookConfig;
 use crate::store::{NamespaceStore, PolicyStore, namespace_context};
@@ -127,6 +129,7 @@ impl Handler {
         );
         let mut config = WebhookConfig::new("splice-system");
         config.null_handler = true;
+        config.cache_wait = None;
         Handler::new(
             config,
             store,
@@ -167,7 +170,7 @@ impl Handler {
                 );
             }
             Route::Null(work) => (Target::Null(work), Arc::clone(&self.inner.null)),
-            Route::Inject(name) => match self.inner.policies.get(name) {
+            Route::Inject(name) => match self.policy(name).await {
                 Some(policy) => (
                     Target::Policy(name, policy),
                     self.inner.metrics.admission(name),
@@ -183,12 +186,40 @@ impl Handler {
                     Ok(review) => (allow(&review, None, &[]), Outcome::Null),
                     Err(e) => malformed(&e),
                 },
-                Target::Unknown => self.admit(None, &metrics, &body),
-                Target::Policy(name, policy) => self.admit(Some((name, &policy)), &metrics, &body),
+                Target::Unknown => self.admit(None, &metrics, &body).await,
+                Target::Policy(name, policy) => {
+                    self.admit(Some((name, &policy)), &metrics, &body).await
+                }
             },
         };
         metrics.observe(outcome, started.elapsed());
         response
+    }
+
+    /// The policy `/inject/<name>` asks for. The API server only calls a path that a webhook
+    /// configuration names, so a policy missing here is one this replica's watch has not
+    /// delivered yet (or one deleted a moment ago): wait for it rather than admit the pod
+    /// uninjected.
+    async fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        let policies = &self.inner.policies;
+        match self.inner.config.cache_wait {
+            Some(within) => policies.wait_for(name, within).await,
+            None => policies.get(name),
+        }
+    }
+
+    /// The namespace a pod is admitted into. Selection is the API server's (see
+    /// [`Selection::ByApiServer`]), so the context only feeds templates: an unknown namespace is
+    /// waited for only when a template reads its labels or annotations.
+    async fn namespace(&self, policy: &CompiledPolicy, name: &str) -> Arc<NamespaceContext> {
+        let store = &self.inner.namespaces;
+        if let Some(within) = self.inner.config.cache_wait
+            && policy.reads_namespace_metadata()
+            && let Some(known) = store.wait_for(name, within).await
+        {
+            return known;
+        }
+        namespace_context(store, name)
     }
 
     /// Method, content type and size checks, then the body, read with a size cap so that an
@@ -241,7 +272,7 @@ impl Handler {
         }
     }
 
-    fn admit(
+    async fn admit(
         &self,
         policy: Option<(&str, &CompiledPolicy)>,
         metrics: &AdmissionMetrics,
@@ -274,12 +305,13 @@ impl Handler {
             // parse_review refuses a pod CREATE/UPDATE without an object; stay total anyway.
             return skip(SkipReason::NotAPod);
         };
-        let namespace = namespace_context(&self.inner.namespaces, &review.namespace);
+        let namespace = self.namespace(policy, &review.namespace).await;
         let request = PodRequest {
             operation,
             object: object.get(),
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
+            selection: Selection::ByApiServer,
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
         let decided = std::panic::catch_unwind(AssertUnwindSafe(|| {

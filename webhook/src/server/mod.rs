@@ -54,6 +54,11 @@ pub struct WebhookConfig {
     /// Serve `POST /null` (allowed, object not parsed) and `POST /null/read` (allowed after
     /// reading the review as `/inject` does, without the engine): baselines for benchmarks only.
     pub null_handler: bool,
+    /// How long a request may wait for the watch to deliver a policy (or a namespace whose
+    /// labels or annotations a template reads) that the API server already knows: the leader can
+    /// write a webhook configuration before this replica's watch delivers its policy. `None` when
+    /// no watch feeds the stores (`splice webhook` with static policies).
+    pub cache_wait: Option<Duration>,
 }
 
 impl WebhookConfig {
@@ -70,6 +75,8 @@ impl WebhookConfig {
             drain_timeout: Duration::from_secs(25),
             max_connections: 4096,
             null_handler: false,
+            // Under the smallest timeoutSeconds (1 s), with room for the engine and the network.
+            cache_wait: Some(Duration::from_millis(750)),
         }
     }
 }

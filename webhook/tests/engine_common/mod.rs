@@ -4,8 +4,8 @@
 use serde_json::Value;
 use splice_crds::{InjectionPolicy, Operation};
 use splice_webhook::engine::{
-    CompiledPolicy, Decision, Exclusions, Injection, NamespaceContext, PodRequest, inject,
-    inject_and_apply,
+    CompiledPolicy, Decision, Exclusions, Injection, NamespaceContext, PodRequest, Selection,
+    inject, inject_and_apply,
 };
 
 pub const SIDECAR_POLICY: &str = include_str!("../../testdata/policy-sidecar.yaml");
@@ -54,6 +54,7 @@ pub fn decide(
             object: pod,
             namespace: ns,
             exclusions: &ex,
+            selection: Selection::Evaluate,
         },
     )
     .unwrap()
@@ -74,6 +75,7 @@ pub fn apply(
         object: &text,
         namespace: ns,
         exclusions: &ex,
+        selection: Selection::Evaluate,
     };
     let (decision, mutated) = inject_and_apply(policy, &req).unwrap();
     let Decision::Inject(injection) = decision else {

@@ -154,6 +154,7 @@ impl Running {
 pub fn config() -> WebhookConfig {
     let mut config = WebhookConfig::new("splice-system");
     config.null_handler = true;
+    config.cache_wait = None;
     config
 }
 
