@@ -311,6 +311,9 @@ impl Handler {
             object: object.get(),
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
+            // When the webhook configuration is older than the policy (a selector just changed),
+            // the configuration's match still wins: it is what the cluster enforces for this very
+            // request, and the leader brings the configuration up to date moments later.
             selection: Selection::ByApiServer,
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
