@@ -197,6 +197,8 @@ async fn deploy_passes_a_server_dry_run_and_uninstalling_either_way_leaves_no_we
         "service/splice",
         "deployment.apps/splice",
         "poddisruptionbudget.policy/splice",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/splice-probe-dry-run-only",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-probe-dry-run-only",
     ] {
         ensure!(
             out.lines()
