@@ -167,7 +167,7 @@ async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_adm
         .and_then(|s| s.probe)
         .context("status.probe missing")?;
     assert_eq!(probe.result, "RejectedByAdmission");
-    assert_eq!(probe.affected_namespaces, [ns.name.clone()]);
+    assert_eq!(probe.affected_namespaces, std::slice::from_ref(&ns.name));
     assert!(probe.namespaces.contains(&ns.name), "{probe:?}");
     wait_until(
         Duration::from_secs(30),
@@ -228,7 +228,7 @@ async fn a_webhook_the_api_server_cannot_reach_is_reported_not_injected() -> Res
         .status
         .and_then(|s| s.probe)
         .context("status.probe missing")?;
-    assert_eq!(probe.affected_namespaces, [ns.name.clone()]);
+    assert_eq!(probe.affected_namespaces, std::slice::from_ref(&ns.name));
     Ok(())
 }
 
@@ -315,7 +315,7 @@ async fn a_validating_admission_policy_refusing_a_label_the_policy_injects_is_na
         .status
         .and_then(|s| s.probe)
         .context("status.probe missing")?;
-    assert_eq!(probe.affected_namespaces, [ns.name.clone()]);
+    assert_eq!(probe.affected_namespaces, std::slice::from_ref(&ns.name));
     Ok(())
 }
 
