@@ -229,6 +229,28 @@ async fn a_webhook_the_api_server_cannot_reach_is_reported_not_injected() -> Res
         .and_then(|s| s.probe)
         .context("status.probe missing")?;
     assert_eq!(probe.affected_namespaces, std::slice::from_ref(&ns.name));
+
+    // `splice explain` shows it for the policies of any pod.
+    ns.api::<Pod>()
+        .create(&PostParams::default(), &pod("web", &[]))
+        .await?;
+    let out = tokio::process::Command::new(splice_bin()?)
+        .args(["explain", "web", "-n", &ns.name, "-o", "json"])
+        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "splice explain: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout)?;
+    let ours = report["policies"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name.as_str()))
+        .with_context(|| format!("no policy {name} in {report:#}"))?;
+    assert_eq!(ours["probe"]["reason"], "NotInjected", "{ours:#}");
+    assert_eq!(ours["probe"]["verified"], "False", "{ours:#}");
     Ok(())
 }
 
