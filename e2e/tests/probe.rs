@@ -162,6 +162,8 @@ async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_adm
             c.message
         );
     }
+    // The probe pod's unique name is left out, so the next probe's refusal reads the same.
+    assert!(!c.message.contains("splice-probe-"), "{}", c.message);
     let probe = p
         .status
         .and_then(|s| s.probe)
@@ -199,6 +201,21 @@ async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_adm
         )),
         "{metrics}"
     );
+
+    // A paused policy injects nothing, so there is nothing to verify: the results go.
+    let mut paused = restricted_spec(&s.instance);
+    paused["paused"] = json!(true);
+    s.apply(&name, paused).await?;
+    let api: Api<InjectionPolicy> = Api::all(s.client.clone());
+    wait_until(
+        VERDICT_WAIT,
+        "the probe's results to leave the paused policy",
+        || async {
+            let p = api.get(&name).await?;
+            Ok(condition(&p, "Verified").is_none() && p.status.and_then(|s| s.probe).is_none())
+        },
+    )
+    .await?;
     Ok(())
 }
 

@@ -110,6 +110,9 @@ struct Tracked {
     affected: Vec<String>,
     /// The last probe found it uninjected and waits for confirmation.
     unconfirmed: bool,
+    /// The policy's resourceVersion when this replica removed the probe's results, so they are
+    /// not removed again while the cache still shows them.
+    cleared_at: Option<String>,
 }
 
 /// What the concurrent probes share.
@@ -156,7 +159,7 @@ impl Shared {
             },
             Ok(Err(kube::Error::Api(s))) => Answer::Refused {
                 code: s.code,
-                message: s.message.clone(),
+                message: verdict::without_pod_name(&s.message, pod.name_any().as_str()),
             },
             Ok(Err(e)) => Answer::Failed(e.to_string()),
         };
@@ -304,6 +307,7 @@ pub async fn run(
                     .map(|s| s.affected_namespaces.clone())
                     .unwrap_or_default(),
                 unconfirmed: false,
+                cleared_at: None,
             });
             if t.uid != p.uid() {
                 t.uid = p.uid();
@@ -315,7 +319,10 @@ pub async fn run(
                 t.eligibility = e;
                 t.due = t.due.min(now + DEBOUNCE);
             }
-            if e == Eligibility::Clear && has_probe_results(p.status.as_ref(), written.get(&name)) {
+            if e == Eligibility::Clear
+                && t.cleared_at != p.resource_version()
+                && has_probe_results(p.status.as_ref(), written.get(&name))
+            {
                 to_clear.push(Arc::clone(p));
             }
             present.insert(name);
@@ -344,6 +351,9 @@ pub async fn run(
             {
                 Ok(_) => {
                     written.remove(&name);
+                    if let Some(t) = tracked.get_mut(&name) {
+                        t.cleared_at = p.resource_version();
+                    }
                     tracing::debug!(policy = %name, "admission probe: results removed");
                 }
                 Err(e) => {

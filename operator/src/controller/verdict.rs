@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use splice_crds::{
-    ConditionStatus, InjectionPolicyStatus, OPT_OUT_LABEL, ProbeLatency, ProbeStatus, condition,
-    set_condition,
+    ConditionStatus, InjectionPolicyStatus, OPT_OUT_LABEL, Operation, ProbeLatency, ProbeStatus,
+    condition, set_condition,
 };
 use splice_webhook::engine::explain::{selects_namespace, selects_pod};
 use splice_webhook::engine::{self, CompiledPolicy, Exclusions, NamespaceContext};
@@ -79,6 +79,13 @@ pub fn plan_namespaces<'a>(
 /// `DoesNotExist` met by leaving the key out. Checked against the policy's own compiled selector,
 /// so an answer is always one the webhook agrees with.
 pub fn probe_labels(policy: &CompiledPolicy) -> Result<BTreeMap<String, String>, String> {
+    if !policy.spec().operations.contains(&Operation::Create) {
+        return Err(
+            "the probe creates a pod, and this policy only acts on UPDATE, so a create cannot \
+             show whether it works"
+                .to_owned(),
+        );
+    }
     let mut labels = BTreeMap::new();
     let selector: Option<&LabelSelector> = policy.spec().object_selector.as_ref();
     if let Some(s) = selector {
@@ -187,6 +194,15 @@ pub struct Probe {
     pub round_trip: Duration,
 }
 
+/// What the probe pod is called in the messages it keeps: every probe has a unique name, and a
+/// message that changed with it would rewrite the status at every probe.
+pub const PROBE_POD_PLACEHOLDER: &str = "<probe pod>";
+
+/// The API server's message without the probe pod's unique name.
+pub fn without_pod_name(message: &str, pod_name: &str) -> String {
+    message.replace(pod_name, PROBE_POD_PLACEHOLDER)
+}
+
 /// Whether the pod the API server returned (JSON) carries `policy`'s injection.
 pub fn carries_injection(pod_json: &str, policy: &str) -> Result<bool, String> {
     engine::provenance(pod_json)
@@ -259,6 +275,12 @@ pub fn classify(probe: &NamespaceProbe, subject: &Subject) -> Finding {
                 return Finding::NotInjected(format!(
                     "the API server could not call the webhook: {message}"
                 ));
+            }
+            if message.contains(&format!(
+                "admission webhook \"{}\" denied the request",
+                subject.webhook_name
+            )) {
+                return Finding::NotInjected(format!("the webhook refused the pod: {message}"));
             }
             match probe.baseline.as_ref().map(|b| &b.answer) {
                 Some(Answer::Admitted { .. }) => {}
@@ -761,6 +783,24 @@ mod tests {
     }
 
     #[test]
+    fn an_update_only_policy_cannot_be_probed_by_a_create() {
+        let err = probe_labels(&policy("operations: [UPDATE]\n")).unwrap_err();
+        assert!(err.contains("UPDATE"), "{err}");
+    }
+
+    #[test]
+    fn a_denial_by_the_policys_own_webhook_is_not_injected_not_a_rejection() {
+        let msg = "admission webhook \"mesh.splice.dev\" denied the request: template error";
+        let j = judge(
+            &[probe("shop", refused(msg), Some(admitted(false, 3)))],
+            &subject(),
+            &Window::default(),
+        );
+        assert_eq!(j.reason, reason::NOT_INJECTED);
+        assert!(j.detail.contains("template error"), "{}", j.detail);
+    }
+
+    #[test]
     fn an_object_selector_no_pod_can_satisfy_is_reported_not_probed() {
         let p = policy(
             "objectSelector:\n  matchLabels: {app: web}\n  matchExpressions:\n  - {key: app, operator: NotIn, values: [web]}\n",
@@ -832,6 +872,20 @@ mod tests {
         assert_eq!(j.namespaces, ["shop", "web"]);
         assert!(j.detail.contains("in shop:"), "{}", j.detail);
         assert!(j.detail.contains("\"proxy-init\""), "{}", j.detail);
+    }
+
+    #[test]
+    fn the_same_refusal_of_two_probes_reads_the_same() {
+        let a = without_pod_name(
+            "pods \"splice-probe-1a\" is forbidden: x",
+            "splice-probe-1a",
+        );
+        let b = without_pod_name(
+            "pods \"splice-probe-2b\" is forbidden: x",
+            "splice-probe-2b",
+        );
+        assert_eq!(a, b);
+        assert_eq!(a, "pods \"<probe pod>\" is forbidden: x");
     }
 
     #[test]
