@@ -160,6 +160,18 @@ def verified(p):
     return any(c["type"] == "Verified" for c in st.get("conditions", []))
 
 
+def create_namespace(api, name):
+    """Creates the namespace (if absent) and waits for its default ServiceAccount, without which
+    no pod can be created there."""
+    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": name}}, ok=(201, 409))
+    for _ in range(100):
+        s, _ = api.call("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+        if s == 200:
+            break
+        time.sleep(0.2)
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -204,13 +216,7 @@ def main():
         return api.json("GET", f"{GROUP}?labelSelector={sel}")["items"]
 
     # The namespace the admission probe verifies most policies in; it has no pods.
-    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                            "metadata": {"name": PROBE_NS}}, ok=(201, 409))
-    for _ in range(100):
-        s, _ = api.call("GET", f"/api/v1/namespaces/{PROBE_NS}/serviceaccounts/default")
-        if s == 200:
-            break
-        time.sleep(0.2)
+    create_namespace(api, PROBE_NS)
 
     # 1. N policies at once.
     before = writes(api)
@@ -306,13 +312,7 @@ def main():
                  f"max {lat[-1] * 1000:.0f} ms", "p99 <= 1 s"))
 
     # 3. Pods on kwok nodes, then Splice's resident memory.
-    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                            "metadata": {"name": pods_ns}}, ok=(201, 409))
-    for _ in range(100):
-        s, _ = api.call("GET", f"/api/v1/namespaces/{pods_ns}/serviceaccounts/default")
-        if s == 200:
-            break
-        time.sleep(0.2)
+    create_namespace(api, pods_ns)
     rss_before = rss_kib(a.splice_pid)
 
     def make_pod(i):
