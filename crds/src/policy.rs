@@ -51,6 +51,7 @@ const RULE_NO_HOST_PATH: &str = "(has(self.allowPrivileged) && self.allowPrivile
     category = "splice",
     status = "InjectionPolicyStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].reason"}"#,
     printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
