@@ -51,6 +51,7 @@ const RULE_NO_HOST_PATH: &str = "(has(self.allowPrivileged) && self.allowPrivile
     category = "splice",
     status = "InjectionPolicyStatus",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].reason"}"#,
     printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -243,7 +244,7 @@ pub struct InjectionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Ready, WebhookConfigured, FailClosed and Conflicted.
+    /// Ready, WebhookConfigured, FailClosed, Conflicted and Verified.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -281,6 +282,49 @@ pub struct InjectionPolicyStatus {
     /// `splice-coverage`, at most once per pass and only when a count changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coverage: Option<Coverage>,
+
+    /// What the admission probe last found: a server-side dry-run create of a probe pod in the
+    /// namespaces this policy selects (written by field manager `splice-probe`, only when the
+    /// result changes; the Verified condition says the same in words).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeStatus>,
+}
+
+/// The admission probe's result for one policy. Rewritten only when the result, the namespaces
+/// or the generation change, so the figures are those of the probe that found this result;
+/// `splice_probe_duration_seconds` and `splice_probe_total` follow every probe.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeStatus {
+    /// The Verified condition's reason: Verified, NotInjected, RejectedByAdmission,
+    /// SlowAdmission, ProbeRefused, ProbeFailed, NoNamespaceSelected or NoProbePod.
+    pub result: String,
+    /// The namespaces probed (one per distinct Pod Security enforce level among those the policy
+    /// selects, plus those named in a problem before).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    /// The namespaces where the probe found the problem `result` names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub affected_namespaces: Vec<String>,
+    /// When the probe that found this result ran (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_time: Option<String>,
+    /// Latency over the recent probes of this policy, when any was admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<ProbeLatency>,
+}
+
+/// Probe latency figures, in milliseconds, over the recent window of one policy's probes.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeLatency {
+    /// p99 of the dry-run create's round trip through the API server.
+    pub round_trip_p99_ms: i64,
+    /// p99 of the share attributable to the webhooks: the injected probe's round trip minus the
+    /// opted-out baseline's, in the same namespace.
+    pub webhook_p99_ms: i64,
+    /// Probes in the window.
+    pub samples: i64,
 }
 
 /// Pod counts for one policy. `matched` counts pods the policy selects that carry its injection
@@ -305,4 +349,6 @@ pub mod condition {
     pub const WEBHOOK_CONFIGURED: &str = "WebhookConfigured";
     pub const FAIL_CLOSED: &str = "FailClosed";
     pub const CONFLICTED: &str = "Conflicted";
+    /// Set by the admission probe (field manager `splice-probe`), never by the reconciler.
+    pub const VERIFIED: &str = "Verified";
 }

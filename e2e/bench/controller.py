@@ -102,15 +102,20 @@ def ready(p):
     return any(c["type"] == "Ready" and c["status"] == "True" for c in st.get("conditions", []))
 
 
+PROBE_NS = "bench-probe"
+
+
 def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
-    # Ten policies inject a tenth of the bench pods each (by label); the rest select a namespace
-    # label nothing has, so the API server never calls them for the bench pods.
+    # Ten policies inject a tenth of the bench pods each (by label); the rest select the empty
+    # namespace PROBE_NS and a pod label no bench pod has, so the API server never calls them for
+    # the bench pods, but the admission probe has a namespace to verify each of them in (with
+    # labels of its own, so no baseline is shared: the probe's worst case).
     if i < 10:
         ns_sel = {"matchLabels": {"kubernetes.io/metadata.name": pods_ns}}
         obj_sel = {"matchLabels": {"bench.splice.dev/policy": f"p{i}"}}
     else:
-        ns_sel = {"matchLabels": {"bench.splice.dev/none": f"p{i}"}}
-        obj_sel = None
+        ns_sel = {"matchLabels": {"kubernetes.io/metadata.name": PROBE_NS}}
+        obj_sel = {"matchLabels": {"bench.splice.dev/none": f"p{i}"}}
     spec = {
         "namespaceSelector": ns_sel,
         "template": {
@@ -127,6 +132,44 @@ def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
         "metadata": {"name": f"bench-p{i:04d}", "labels": {"e2e.splice.dev/instance": instance}},
         "spec": spec,
     }
+
+
+def dry_run_creates(api):
+    """Dry-run pod creates (the admission probe's requests) since the API server started."""
+    status, text = api.call("GET", "/metrics")
+    total = 0.0
+    for line in text.decode().splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, _, value = line.rpartition(" ")
+            lab = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            if (lab.get("resource") == "pods" and lab.get("verb") == "POST"
+                    and lab.get("dry_run") == "All" and not lab.get("subresource")):
+                total += float(value)
+    return total
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process, from /proc (clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def verified(p):
+    st = p.get("status") or {}
+    return any(c["type"] == "Verified" for c in st.get("conditions", []))
+
+
+def create_namespace(api, name):
+    """Creates the namespace (if absent) and waits for its default ServiceAccount, without which
+    no pod can be created there."""
+    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                            "metadata": {"name": name}}, ok=(201, 409))
+    for _ in range(100):
+        s, _ = api.call("GET", f"/api/v1/namespaces/{name}/serviceaccounts/default")
+        if s == 200:
+            break
+        time.sleep(0.2)
 
 
 def rss_kib(pid):
@@ -152,6 +195,9 @@ def main():
     ap.add_argument("--splice-namespace", default="splice-system")
     ap.add_argument("--rotation-timeout", type=int, default=300)
     ap.add_argument("--rotation", type=int, default=1, help="0: skip the CA-rotation row")
+    ap.add_argument("--probe", type=int, default=1,
+                    help="0: splice run was started with --probe-interval 0")
+    ap.add_argument("--probe-timeout", type=int, default=1200)
     a = ap.parse_args()
     api = Api(a.kubeconfig)
     pool = cf.ThreadPoolExecutor(a.threads)
@@ -169,6 +215,9 @@ def main():
         sel = f"e2e.splice.dev/instance={a.instance}"
         return api.json("GET", f"{GROUP}?labelSelector={sel}")["items"]
 
+    # The namespace the admission probe verifies most policies in; it has no pods.
+    create_namespace(api, PROBE_NS)
+
     # 1. N policies at once.
     before = writes(api)
     t0 = time.monotonic()
@@ -185,20 +234,51 @@ def main():
             raise SystemExit(f"only {n}/{a.policies} Ready after 600 s")
         time.sleep(0.5)
     all_ready = time.monotonic() - t0
+    # The probe's first round: every policy gets its Verified condition (one status write each).
+    if a.probe:
+        while True:
+            items = list_policies()
+            n = sum(1 for p in items if verified(p))
+            if n == a.policies:
+                break
+            if time.monotonic() - t0 > a.probe_timeout:
+                raise SystemExit(f"only {n}/{a.policies} Verified after {a.probe_timeout} s")
+            time.sleep(2)
+        all_verified = time.monotonic() - t0
+        results = {}
+        for p in items:
+            c = next(c for c in p["status"]["conditions"] if c["type"] == "Verified")
+            results[c["reason"]] = results.get(c["reason"], 0) + 1
     time.sleep(10)  # let trailing writes (Events) land before the idle window
     after_ready = writes(api)
     w = splice_writes(before, after_ready)
     total = sum(w.values())
     add((f"{a.policies} policies applied at once: time until all Ready",
                  f"{all_ready:.1f} s (creates took {created:.1f} s)", "-"))
-    add(("API writes per policy (status + webhook configuration + Events)",
+    if a.probe:
+        add((f"admission probe's first round: time until all {a.policies} policies have "
+             f"Verified (at most 5 requests/s)",
+             f"{all_verified:.1f} s from the creates; results {json.dumps(results)}", "-"))
+    add(("API writes per policy (status + webhook configuration + Events"
+         + (", with the probe's one Verified write)" if a.probe else ")"),
                  f"{total / a.policies:.2f} ({int(w['injectionpolicies/status'])} status, "
                  f"{int(w['mutatingwebhookconfigurations'])} configuration, {int(w['events'])} Event)",
-                 "<= 2"))
+                 "<= 2 (+1 with the probe)"))
     log(f"idle for {a.idle}s")
+    probes_before = dry_run_creates(api)
+    cpu_before = cpu_seconds(a.splice_pid)
+    idle_t0 = time.monotonic()
     time.sleep(a.idle)
+    idle_took = time.monotonic() - idle_t0
+    cpu = cpu_seconds(a.splice_pid) - cpu_before
+    probes = dry_run_creates(api) - probes_before
     after_idle = writes(api)
     wi = splice_writes(after_ready, after_idle)
+    add((f"admission probe in steady state ({'on' if a.probe else 'off'}): dry-run pod "
+         f"creates per policy per minute, and the leader's CPU, over {a.idle} s idle",
+         f"{probes / a.policies / (idle_took / 60):.3f} requests/policy/min "
+         f"({int(probes)} dry runs, {probes / idle_took:.2f}/s); CPU "
+         f"{cpu / idle_took * 100:.1f} % of a core ({cpu:.1f} s)", "<= 5 requests/s in all"))
     leases = after_idle.get("leases", 0) - after_ready.get("leases", 0)
     add((f"Splice writes over {a.idle} s idle afterwards",
                  f"{int(sum(wi.values()))} {json.dumps({k: int(v) for k, v in wi.items()})} "
@@ -232,13 +312,7 @@ def main():
                  f"max {lat[-1] * 1000:.0f} ms", "p99 <= 1 s"))
 
     # 3. Pods on kwok nodes, then Splice's resident memory.
-    api.json("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                            "metadata": {"name": pods_ns}}, ok=(201, 409))
-    for _ in range(100):
-        s, _ = api.call("GET", f"/api/v1/namespaces/{pods_ns}/serviceaccounts/default")
-        if s == 200:
-            break
-        time.sleep(0.2)
+    create_namespace(api, pods_ns)
     rss_before = rss_kib(a.splice_pid)
 
     def make_pod(i):

@@ -6,13 +6,17 @@
 #     policy, and Splice's writes over IDLE (120) s afterwards;
 #   - CHANGES (30) template changes on one policy with all present: time until status shows it;
 #   - PODS (10000) pods created on kwok nodes (parallel requests), then splice run's VmRSS.
+#   - the admission probe (on unless PROBE=0, which starts splice run with --probe-interval 0):
+#     time until every policy has its Verified condition, then over the idle window its dry-run
+#     creates per policy per minute and the leader's CPU.
 # Writes are counted from the API server's apiserver_request_total (see controller.py).
 #   - a CA rotation (`splice rotate`) across every policy's webhook configuration: time until the
 #     rotation phase is Stable again, and failed admissions among pods created during it.
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-controller), SPLICE_PORT_BASE
 # (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table),
-# ROTATION (0: skip the CA-rotation row, for quicker runs while working on the rest).
+# ROTATION (0: skip the CA-rotation row, for quicker runs while working on the rest), PROBE (0: the
+# admission probe off, to compare the leader's CPU without it).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -60,6 +64,7 @@ SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
   --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
   --admin-listen "127.0.0.1:$admin" \
   --policy-selector "e2e.splice.dev/instance=$instance" \
+  $([ "${PROBE:-1}" = 0 ] && echo --probe-interval 0) \
   > "$splice_log" 2>&1 &
 splice_pid=$!
 for _ in $(seq 1 300); do
@@ -71,5 +76,6 @@ curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did no
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
-  --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"} ${ROTATION:+--rotation "$ROTATION"}
+  --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"} ${ROTATION:+--rotation "$ROTATION"} \
+  --probe "${PROBE:-1}"
 log "splice log: $splice_log"

@@ -138,6 +138,18 @@ async fn install_and_make_a_policy(client: &Client, dir: &Path, tag: &str) -> Re
         .await
         .with_context(|| format!("see {}", splice.log.display()))?;
     wait_injecting(client, &app.name, &[], "proxy").await?;
+    // The admission probe's dry runs pass the RBAC and deploy/probe-guard.yaml.
+    let policies: Api<InjectionPolicy> = Api::all(client.clone());
+    wait_until(
+        Duration::from_secs(60),
+        &format!("policy {name} to be Verified by the admission probe"),
+        || async {
+            let p = policies.get(&name).await?;
+            Ok(condition(&p, "Verified").is_some_and(|c| c.status == "True"))
+        },
+    )
+    .await
+    .with_context(|| format!("see {}", splice.log.display()))?;
     ensure!(configurations_of(client, &name).await? == 1);
     // What a real uninstall can count on, since it comes long after the install: the garbage
     // collector follows the policy's kind (see garbage_collector_observes).
@@ -197,6 +209,8 @@ async fn deploy_passes_a_server_dry_run_and_uninstalling_either_way_leaves_no_we
         "service/splice",
         "deployment.apps/splice",
         "poddisruptionbudget.policy/splice",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/splice-probe-dry-run-only",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-probe-dry-run-only",
     ] {
         ensure!(
             out.lines()

@@ -30,6 +30,12 @@ pub const RECONCILE_BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0,
 ];
 
+/// Upper bounds (seconds) of `splice_probe_duration_seconds`: a dry-run create through the API
+/// server, webhooks included, up to the 30 s maximum webhook timeout.
+pub const PROBE_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 /// How one admission request ended: the `outcome` label of `splice_admission_requests_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -218,6 +224,14 @@ impl AdmissionMetrics {
     }
 }
 
+/// The admission probe's metrics of one policy.
+#[derive(Debug)]
+struct ProbeMetrics {
+    duration: Histogram,
+    /// By result (the Verified condition's reason, or `error`).
+    results: LabelMap<AtomicU64>,
+}
+
 /// A map from label value to metric whose reads are lock-free; a new label value copies the map,
 /// which only happens the first time a policy, a reconcile result or a certificate is seen.
 #[derive(Debug)]
@@ -275,6 +289,7 @@ pub struct Metrics {
     availability_guard: LabelMap<AtomicI64>,
     /// Per policy: matched, current, outdated, missed pods (see `set_coverage`).
     coverage: ArcSwap<HashMap<String, [i64; 4]>>,
+    probe: LabelMap<ProbeMetrics>,
 }
 
 /// The `state` label values of `splice_coverage_pods`, in the order `set_coverage` takes them.
@@ -295,6 +310,7 @@ impl Metrics {
             certificate_expiry: LabelMap::new(),
             availability_guard: LabelMap::new(),
             coverage: ArcSwap::from_pointee(HashMap::new()),
+            probe: LabelMap::new(),
         }
     }
 
@@ -302,6 +318,21 @@ impl Metrics {
     /// not in `counts` stop being exported. Called by the controller once per coverage pass.
     pub fn set_coverage(&self, counts: HashMap<String, [i64; 4]>) {
         self.coverage.store(Arc::new(counts));
+    }
+
+    /// Counts one admission probe of `policy` with `result` (a bounded set: the Verified
+    /// condition's reasons) and, when the injected probe got an answer, its round trip.
+    pub fn observe_probe(&self, policy: &str, result: &str, round_trip: Option<Duration>) {
+        let m = self.probe.get_or_create(policy, || ProbeMetrics {
+            duration: Histogram::new(&PROBE_BUCKETS),
+            results: LabelMap::new(),
+        });
+        m.results
+            .get_or_create(result, || AtomicU64::new(0))
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(elapsed) = round_trip {
+            m.duration.observe(elapsed);
+        }
     }
 
     /// The admission metrics for `policy`, created on first use. Callers must pass bounded label
@@ -490,6 +521,38 @@ impl Metrics {
                 );
             }
         }
+
+        let probes = self.probe.sorted();
+        header(
+            &mut out,
+            "splice_probe_duration_seconds",
+            "histogram",
+            "Round trip of the admission probe's dry-run create through the API server, webhooks included, by policy.",
+        );
+        for (policy, m) in &probes {
+            m.duration.render(
+                &mut out,
+                "splice_probe_duration_seconds",
+                &[("policy", policy.as_str())],
+            );
+        }
+        header(
+            &mut out,
+            "splice_probe_total",
+            "counter",
+            "Admission probes, by policy and result (the Verified condition's reason).",
+        );
+        for (policy, m) in &probes {
+            for (result, n) in m.results.sorted() {
+                let labels = [("policy", policy.as_str()), ("result", result.as_str())];
+                sample(
+                    &mut out,
+                    "splice_probe_total",
+                    &labels,
+                    n.load(Ordering::Relaxed),
+                );
+            }
+        }
         out
     }
 }
@@ -670,6 +733,47 @@ mod tests {
     }
 
     #[test]
+    fn each_probe_is_counted_by_policy_and_result_and_its_round_trip_observed() {
+        let metrics = Metrics::new();
+        metrics.observe_probe("mesh", "Verified", Some(Duration::from_millis(20)));
+        metrics.observe_probe("mesh", "Verified", Some(Duration::from_millis(40)));
+        metrics.observe_probe("mesh", "ProbeFailed", None);
+        let text = metrics.render();
+        assert_eq!(
+            line_value(
+                &text,
+                r#"splice_probe_total{policy="mesh",result="Verified"}"#
+            )
+            .as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"splice_probe_total{policy="mesh",result="ProbeFailed"}"#
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"splice_probe_duration_seconds_bucket{policy="mesh",le="0.025"}"#
+            )
+            .as_deref(),
+            Some("1")
+        );
+        assert_eq!(
+            line_value(
+                &text,
+                r#"splice_probe_duration_seconds_count{policy="mesh"}"#
+            )
+            .as_deref(),
+            Some("2")
+        );
+    }
+
+    #[test]
     fn label_values_are_escaped() {
         let metrics = Metrics::new();
         metrics.set_certificate_expiry("a\"b\\c\nd", 1);
@@ -691,6 +795,8 @@ mod tests {
             "splice_reconcile_total",
             "splice_reconcile_duration_seconds",
             "splice_certificate_expiry_timestamp_seconds",
+            "splice_probe_duration_seconds",
+            "splice_probe_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
             assert!(text.contains(&format!("# HELP {name} ")), "{name} missing");

@@ -89,6 +89,44 @@ pub(crate) struct PolicyInput {
     pub name: String,
     pub paused: bool,
     pub compiled: Result<CompiledPolicy, String>,
+    /// The admission probe's last result, from the policy's status (online only).
+    pub probe: Option<ProbeReport>,
+}
+
+/// The admission probe's last result for a policy: its Verified condition and `status.probe`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ProbeReport {
+    /// True, False or Unknown.
+    pub verified: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub affected_namespaces: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_time: Option<String>,
+}
+
+impl ProbeReport {
+    /// What the policy's status says about the probe, if it says anything.
+    pub fn from_status(status: Option<&splice_crds::InjectionPolicyStatus>) -> Option<Self> {
+        let status = status?;
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == splice_crds::condition::VERIFIED)?;
+        let probe = status.probe.clone().unwrap_or_default();
+        Some(ProbeReport {
+            verified: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            namespaces: probe.namespaces,
+            affected_namespaces: probe.affected_namespaces,
+            probe_time: probe.probe_time,
+        })
+    }
 }
 
 /// Everything [`explain`] needs, from the cluster or from files.
@@ -135,6 +173,9 @@ pub(crate) struct PolicyReport {
     /// What the pod's record says this policy injected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub injected: Option<ProvenanceEntry>,
+    /// The admission probe's last result for the policy (online only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeReport>,
 }
 
 /// The pure core shared by the online and offline paths. Fails only when the pod's
@@ -172,6 +213,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     None => InjectionState::NotInjected,
                 },
                 injected,
+                probe: p.probe.clone(),
             },
             Ok(compiled) => {
                 let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
@@ -200,6 +242,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     template_hash: Some(compiled.template_hash().to_owned()),
                     injection: why::injection_state(compiled, &single),
                     injected,
+                    probe: p.probe.clone(),
                 }
             }
         };
@@ -287,6 +330,26 @@ fn render_table(report: &Report) -> String {
             let _ = writeln!(out, "\n{}: {error}", p.name);
         }
     }
+    let probed: Vec<(&str, &ProbeReport)> = report
+        .policies
+        .iter()
+        .filter_map(|p| p.probe.as_ref().map(|r| (p.name.as_str(), r)))
+        .collect();
+    if !probed.is_empty() {
+        let _ = writeln!(out, "\nAdmission probe, last result by policy:");
+    }
+    for (name, r) in probed {
+        let at = r
+            .probe_time
+            .as_deref()
+            .map(|t| format!(" (since {t})"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {name}: Verified={} {}{at}: {}",
+            r.verified, r.reason, r.message
+        );
+    }
     let injected: Vec<(&str, &ProvenanceEntry)> = report
         .policies
         .iter()
@@ -357,6 +420,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             name: p.name,
             paused: false,
             compiled: Ok(p.compiled),
+            probe: None,
         })
         .collect();
     if !paused.is_empty() {
@@ -366,6 +430,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             name: p.name,
             paused: true,
             compiled: Ok(p.compiled),
+            probe: None,
         }));
         policies.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -433,6 +498,7 @@ async fn fetch(args: &Args, name: &str) -> Result<Inputs, String> {
                 )
                 .map_err(|e| e.to_string()),
                 paused: p.spec.paused,
+                probe: ProbeReport::from_status(p.status.as_ref()),
                 name,
             }
         })
@@ -464,6 +530,7 @@ mod tests {
             name: name.into(),
             paused,
             compiled: CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string()),
+            probe: None,
         }
     }
 
@@ -574,6 +641,51 @@ mod tests {
         let r = explain(&inputs("shop", pod, vec![input("a", "{}\n", true)])).unwrap();
         assert!(!r.policies[0].matches);
         assert!(r.policies[0].reason.starts_with("paused"));
+    }
+
+    #[test]
+    fn the_probes_last_result_is_shown_for_each_policy_that_has_one() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let status = splice_crds::InjectionPolicyStatus {
+            conditions: vec![Condition {
+                type_: "Verified".into(),
+                status: "False".into(),
+                reason: "RejectedByAdmission".into(),
+                message: "refused in shop: container \"init\" must not include \"NET_ADMIN\""
+                    .into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            }],
+            probe: Some(splice_crds::ProbeStatus {
+                result: "RejectedByAdmission".into(),
+                namespaces: vec!["shop".into()],
+                affected_namespaces: vec!["shop".into()],
+                probe_time: Some("2026-01-01T00:00:00Z".into()),
+                latency: None,
+            }),
+            ..Default::default()
+        };
+        let mut mesh = input("mesh", "{}\n", false);
+        mesh.probe = ProbeReport::from_status(Some(&status));
+        let quiet = input("quiet", "{}\n", false);
+        assert!(ProbeReport::from_status(None).is_none());
+        let pod = serde_json::json!({"spec": {"containers": [{"name": "app"}]}});
+        let r = explain(&inputs("shop", pod, vec![mesh, quiet])).unwrap();
+        let probe = r.policies[0].probe.as_ref().unwrap();
+        assert_eq!(probe.affected_namespaces, ["shop"]);
+        assert!(r.policies[1].probe.is_none());
+        let table = render_table(&r);
+        assert!(
+            table.contains("mesh: Verified=False RejectedByAdmission (since 2026-01-01T00:00:00Z)"),
+            "{table}"
+        );
+        assert!(table.contains("NET_ADMIN"), "{table}");
+        assert!(!table.contains("quiet: Verified"), "{table}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(
+            json["policies"][0]["probe"]["reason"],
+            "RejectedByAdmission"
+        );
     }
 
     #[test]

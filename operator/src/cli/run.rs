@@ -53,6 +53,12 @@ pub struct Args {
     #[arg(long, env = "SPLICE_FAIL_CLOSED_HOLD", default_value = "60s", value_parser = parse_duration)]
     fail_closed_hold: Duration,
 
+    /// How often the leader verifies each Ready policy end to end with a server-side dry-run
+    /// create of a probe pod (jittered by ±10 %; a policy or namespace change also triggers it;
+    /// at most 5 requests per second in all). `0` turns the admission probe off.
+    #[arg(long, env = "SPLICE_PROBE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    probe_interval: Duration,
+
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -162,6 +168,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             deployment: args.deployment_name.clone(),
             hold: args.fail_closed_hold,
         },
+        probe_interval: Some(args.probe_interval).filter(|i| !i.is_zero()),
     })
 }
 
@@ -307,6 +314,22 @@ mod tests {
         let err = parse(&["--fail-closed-hold", "5 days"]).unwrap_err();
         assert!(err.contains("unknown unit"), "{err}");
         assert!(parse(&["--fail-closed-hold", "s"]).is_err());
+    }
+
+    #[test]
+    fn the_probe_runs_every_minute_unless_told_otherwise_and_zero_turns_it_off() {
+        assert_eq!(
+            parse(&[]).unwrap().probe_interval,
+            Some(Duration::from_secs(60))
+        );
+        assert_eq!(
+            parse(&["--probe-interval", "2s"]).unwrap().probe_interval,
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse(&["--probe-interval", "0"]).unwrap().probe_interval,
+            None
+        );
     }
 
     #[test]

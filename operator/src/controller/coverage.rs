@@ -194,11 +194,13 @@ struct Pods {
     generation: u64,
 }
 
+/// The namespaces' labels, from a metadata-only watch (also read by the admission probe).
 #[derive(Default)]
-struct Namespaces {
-    contexts: HashMap<String, NamespaceContext>,
-    synced: bool,
-    generation: u64,
+pub(crate) struct Namespaces {
+    pub contexts: HashMap<String, NamespaceContext>,
+    pub synced: bool,
+    /// Bumped on every change.
+    pub generation: u64,
 }
 
 /// Where coverage finds the policies.
@@ -411,7 +413,7 @@ pub async fn run(
     }
 }
 
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+pub(crate) struct AbortOnDrop(pub Vec<tokio::task::JoinHandle<()>>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -461,7 +463,10 @@ async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
     }
 }
 
-async fn watch_namespaces(api: Api<PartialObjectMeta<Namespace>>, state: Arc<Mutex<Namespaces>>) {
+pub(crate) async fn watch_namespaces(
+    api: Api<PartialObjectMeta<Namespace>>,
+    state: Arc<Mutex<Namespaces>>,
+) {
     let mut listing: Vec<PartialObjectMeta<Namespace>> = Vec::new();
     let context = |n: &PartialObjectMeta<Namespace>| NamespaceContext {
         name: n.name_any(),

@@ -2,10 +2,10 @@
 //! holds the Lease also turns policies into webhook configurations, keeps the CA Secret and writes
 //! status and Events.
 //!
-//! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`serving`], [`ca`] and
-//! [`rotation`];
-//! API calls in [`reconcile`] (one policy), [`certs`] (the CA Secrets) and [`leader`] (the Lease);
-//! wiring here.
+//! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`serving`] (which
+//! generation is in force), [`ca`], [`rotation`] and [`verdict`] (the admission probe's); API calls
+//! in [`reconcile`] (one policy), [`certs`] (the CA Secrets), [`leader`] (the Lease) and [`probe`]
+//! (the admission probe's dry runs); wiring here.
 
 pub mod ca;
 pub mod certs;
@@ -15,12 +15,14 @@ pub mod coverage;
 pub mod guard;
 pub mod leader;
 pub mod neighbours;
+pub mod probe;
 pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 pub mod render;
 pub mod rotation;
 pub mod serving;
+pub mod verdict;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -72,6 +74,8 @@ pub struct Settings {
     pub certs: rotation::Timing,
     /// Where the availability guard looks (Splice's Deployment) and how long it holds.
     pub guard: guard::GuardConfig,
+    /// How often the leader's admission probe verifies each policy; `None` turns it off.
+    pub probe_interval: Option<Duration>,
 }
 
 /// What every reconcile reads and shares.
@@ -503,6 +507,8 @@ async fn lead(
         .with_guard(guard_rx.clone())
         .with_certificate_problem(certificate_problem.clone()),
     );
+    let listed_for_probe = listed.clone();
+    let served_for_probe = Arc::clone(&served);
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
@@ -515,6 +521,23 @@ async fn lead(
         ctx.recorder.clone(),
         ctx.leading.clone(),
     ));
+    let probe_task = settings.probe_interval.map(|interval| {
+        tokio::spawn(probe::run(
+            client.clone(),
+            probe::Config {
+                interval,
+                splice_namespace: settings.namespace.clone(),
+            },
+            coverage::Policies {
+                cache: ctx.policies.clone(),
+                listed: listed_for_probe,
+                served: Arc::clone(&served_for_probe),
+            },
+            Arc::clone(&ctx.metrics),
+            ctx.recorder.clone(),
+            ctx.leading.clone(),
+        ))
+    });
     // A spec change or deletion re-reconciles only its conflict partners (`neighbours`); a new CA
     // changes every caBundle; the guard's verdict changes every policy that requests Fail.
     let everything = futures::stream::select(changes(ca_bundle), changes(guard_rx));
@@ -540,6 +563,9 @@ async fn lead(
     janitor_task.abort();
     guard_task.abort();
     coverage_task.abort();
+    if let Some(task) = probe_task {
+        task.abort();
+    }
 }
 
 /// What the leader's cache keeps of a policy: everything but managedFields and kubectl's

@@ -192,10 +192,12 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         failure_policy: &failure_policy,
         conflicts: &conflicts,
     };
-    // status.coverage belongs to the coverage loop's own field manager: left out here, it is
-    // neither compared nor applied (so this apply never removes or reverts it).
+    // status.coverage belongs to the coverage loop's own field manager, status.probe and the
+    // Verified condition to the probe's: left out here, they are neither compared nor applied (so
+    // this apply never removes or reverts them).
     let current = ctx.last_known_status(policy).map(|mut s| {
         s.coverage = None;
+        super::verdict::strip(&mut s);
         s
     });
     let mut status = desired_status(current.as_ref(), &observation, Timestamp::now());
@@ -405,7 +407,7 @@ async fn publish(ctx: &Context, policy: &InjectionPolicy, event: PlannedEvent) {
 }
 
 /// Events notes are limited to 1 kB.
-fn truncate(mut s: String, max: usize) -> String {
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
     if s.len() > max {
         let mut cut = max.saturating_sub(1);
         while !s.is_char_boundary(cut) {

@@ -139,6 +139,7 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
             deployment: "splice".into(),
             hold: Duration::from_secs(60),
         },
+        probe_interval: None,
     };
     let (store, mut writer) = reflector::store();
     for p in policies {
