@@ -407,18 +407,10 @@ fn violation(field: impl Into<String>, message: impl Into<String>) -> Violation 
     }
 }
 
-/// Capabilities that amount to privileged content; keep in step with the CRD's CEL rule.
-const PRIVILEGED_CAPABILITIES: [&str; 6] = [
-    "ALL",
-    "SYS_ADMIN",
-    "NET_ADMIN",
-    "NET_RAW",
-    "SYS_PTRACE",
-    "SYS_MODULE",
-];
-
 /// The checks the API server runs on an InjectionPolicy from the CRD's schema bounds and CEL rules
-/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would.
+/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would. The rest (the
+/// templates, selectors, and Pod Security's `spec.allowPrivileged` gate) is the compiler's, which
+/// Splice's validating webhook runs at apply time.
 pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
     if !(1..=30).contains(&spec.timeout_seconds) {
         return Err(violation(
@@ -501,9 +493,8 @@ pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
         }),
     )?;
 
-    if !spec.allow_privileged {
-        check_unprivileged(spec)?;
-    }
+    // What Pod Security baseline forbids (`spec.allowPrivileged`) is the compiler's to refuse,
+    // as in the reconcile and the validating webhook.
     Ok(())
 }
 
@@ -524,64 +515,6 @@ fn unique<'a>(what: &str, items: impl Iterator<Item = (String, &'a str)>) -> Res
             ));
         }
         seen.insert(name, field);
-    }
-    Ok(())
-}
-
-fn check_unprivileged(spec: &InjectionPolicySpec) -> Result<(), Violation> {
-    const HINT: &str = "is only allowed when spec.allowPrivileged is true";
-    let t = &spec.template;
-    let containers = t
-        .init_containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (format!("spec.template.initContainers[{i}]"), c))
-        .chain(
-            t.containers
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (format!("spec.template.containers[{i}]"), c)),
-        );
-    for (at, c) in containers {
-        if let Some(sc) = &c.security_context {
-            if sc.privileged == Some(true) {
-                return Err(violation(
-                    format!("{at}.securityContext.privileged"),
-                    format!("a privileged container {HINT}"),
-                ));
-            }
-            let added = sc
-                .capabilities
-                .as_ref()
-                .and_then(|caps| caps.add.as_ref())
-                .into_iter()
-                .flatten()
-                .enumerate();
-            for (j, cap) in added {
-                if PRIVILEGED_CAPABILITIES.contains(&cap.as_str()) {
-                    return Err(violation(
-                        format!("{at}.securityContext.capabilities.add[{j}]"),
-                        format!("adding the {cap} capability {HINT}"),
-                    ));
-                }
-            }
-        }
-        for (j, port) in c.ports.iter().flatten().enumerate() {
-            if port.host_port.is_some_and(|p| p != 0) {
-                return Err(violation(
-                    format!("{at}.ports[{j}].hostPort"),
-                    format!("a host port (a host network namespace binding) {HINT}"),
-                ));
-            }
-        }
-    }
-    for (i, v) in t.volumes.iter().enumerate() {
-        if v.host_path.is_some() {
-            return Err(violation(
-                format!("spec.template.volumes[{i}].hostPath"),
-                format!("a hostPath volume {HINT}"),
-            ));
-        }
     }
     Ok(())
 }
@@ -1143,36 +1076,6 @@ mod tests {
         for (yaml, field) in cases {
             assert_eq!(check_spec(&spec(yaml)).expect_err(yaml).field, field);
         }
-    }
-
-    #[test]
-    fn privileged_content_needs_allow_privileged() {
-        let cases = [
-            (
-                "template: {containers: [{name: a, securityContext: {privileged: true}}]}",
-                "spec.template.containers[0].securityContext.privileged",
-            ),
-            (
-                "template: {initContainers: [{name: a, securityContext: {capabilities: {add: [CHOWN, NET_ADMIN]}}}]}",
-                "spec.template.initContainers[0].securityContext.capabilities.add[1]",
-            ),
-            (
-                "template: {containers: [{name: a, ports: [{containerPort: 80, hostPort: 80}]}]}",
-                "spec.template.containers[0].ports[0].hostPort",
-            ),
-            (
-                "template: {volumes: [{name: a, hostPath: {path: /var}}]}",
-                "spec.template.volumes[0].hostPath",
-            ),
-        ];
-        for (yaml, field) in cases {
-            let v = check_spec(&spec(yaml)).expect_err(yaml);
-            assert_eq!(v.field, field);
-            assert!(v.message.contains("allowPrivileged"), "{v:?}");
-            assert!(check_spec(&spec(&format!("allowPrivileged: true\n{yaml}"))).is_ok());
-        }
-        let harmless = "template: {containers: [{name: a, securityContext: {capabilities: {add: [CHOWN]}, privileged: false}, ports: [{containerPort: 80}]}]}";
-        assert!(check_spec(&spec(harmless)).is_ok());
     }
 
     #[test]

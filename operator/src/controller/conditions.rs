@@ -3,7 +3,8 @@
 
 use k8s_openapi::jiff::Timestamp;
 use splice_crds::{
-    ConditionStatus, FailurePolicy, InjectionPolicyStatus, condition, set_condition,
+    ConditionStatus, FailurePolicy, InjectionPolicyStatus, PodSecurityLevel, condition,
+    set_condition,
 };
 
 use super::conflicts::Conflict;
@@ -94,6 +95,10 @@ pub struct Observation<'a> {
     pub webhook: &'a WebhookOutcome,
     pub failure_policy: &'a FailurePolicyDecision,
     pub conflicts: &'a [Conflict],
+    /// The Pod Security level the injected content satisfies, when the templates compile.
+    pub pod_security: Option<PodSecurityLevel>,
+    /// The compiler's warnings about the policy (fields absent at admission, confused deputy).
+    pub warnings: &'a [String],
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -228,6 +233,8 @@ pub fn desired_status(
     status.observed_generation = generation;
     status.effective_failure_policy = Some(obs.failure_policy.effective);
     status.template_hash = obs.template_hash.map(str::to_owned);
+    status.pod_security = obs.pod_security;
+    status.warnings = obs.warnings.to_vec();
     status.webhook_configuration = match obs.webhook {
         WebhookOutcome::Applied { configuration } => Some(configuration.clone()),
         // The configuration may still exist from an earlier generation; the name stays until it
@@ -369,6 +376,8 @@ mod tests {
             webhook,
             failure_policy: fp,
             conflicts,
+            pod_security: Some(PodSecurityLevel::Baseline),
+            warnings: &[],
         }
     }
 

@@ -162,12 +162,18 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     };
 
     let template_hash = compiled.as_ref().ok().map(|c| c.template_hash().to_owned());
+    let warnings: Vec<String> = compiled
+        .as_ref()
+        .map(|c| status_warnings(c.warnings()))
+        .unwrap_or_default();
     let observation = Observation {
         generation,
         template_hash: template_hash.as_deref(),
         webhook: &outcome,
         failure_policy: &failure_policy,
         conflicts: &conflicts,
+        pod_security: compiled.as_ref().ok().map(|c| c.pod_security().level),
+        warnings: &warnings,
     };
     // status.coverage belongs to the coverage loop's own field manager: left out here, it is
     // neither compared nor applied (so this apply never removes or reverts it).
@@ -193,6 +199,18 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         Some(e) => Err(e),
         None => Ok(Action::requeue(RESYNC)),
     }
+}
+
+/// The status lists at most this many warnings (the CRD's bound); the validating webhook and the
+/// offline CLI show them all.
+const MAX_STATUS_WARNINGS: usize = 32;
+
+fn status_warnings(warnings: &[splice_webhook::engine::PolicyWarning]) -> Vec<String> {
+    warnings
+        .iter()
+        .take(MAX_STATUS_WARNINGS)
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn failed(configuration: String, error: Error, slot: &mut Option<Error>) -> WebhookOutcome {

@@ -51,21 +51,38 @@ impl Deps {
     }
 }
 
-#[derive(Clone, Debug)]
-enum Seg {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Seg {
     Key(String),
     Index(usize),
 }
 
 /// A string that must be rendered per request.
 #[derive(Debug)]
-struct Hole {
+pub(crate) struct Hole {
     /// Where the string sits inside its item.
-    path: Vec<Seg>,
+    pub path: Vec<Seg>,
     /// The field path, also the template's name in the environment.
-    field: String,
+    pub field: String,
     /// Dotted variable paths the template reads, to name the undefined one in an error.
-    vars: Vec<String>,
+    pub vars: Vec<String>,
+}
+
+impl Hole {
+    /// True when the template reads `pod` (as opposed to only `namespace`).
+    pub fn reads_pod(&self) -> bool {
+        self.vars.iter().any(|v| v.split('.').next() == Some("pod"))
+    }
+
+    /// True when the string sits at `prefix` or below it inside its item.
+    pub fn under(&self, prefix: &[&str]) -> bool {
+        self.path.len() >= prefix.len()
+            && self
+                .path
+                .iter()
+                .zip(prefix)
+                .all(|(seg, key)| matches!(seg, Seg::Key(k) if k == key))
+    }
 }
 
 /// One injected list item (container, init container, volume, env var or volume mount).
@@ -87,6 +104,15 @@ impl TemplateItem {
     pub fn static_key(&self) -> Option<&str> {
         self.static_key.as_deref()
     }
+    /// The item with every static string rendered; a string that depends on the request still
+    /// holds its template source.
+    pub fn base(&self) -> &Value {
+        &self.base
+    }
+    /// The strings rendered per request.
+    pub fn holes(&self) -> &[Hole] {
+        &self.holes
+    }
 }
 
 /// One injected label or annotation.
@@ -101,6 +127,10 @@ impl TemplateString {
     /// The value, when it does not depend on the request.
     pub fn static_value(&self) -> Option<&str> {
         self.hole.is_none().then_some(self.base.as_str())
+    }
+    /// The template, when the value depends on the request.
+    pub fn hole(&self) -> Option<&Hole> {
+        self.hole.as_ref()
     }
 }
 
