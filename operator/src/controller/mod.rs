@@ -4,6 +4,7 @@
 //!
 //! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`ca`] and [`rotation`];
 //! API calls in [`reconcile`] (one policy), [`certs`] (the CA Secrets) and [`leader`] (the Lease);
+//! [`validating`] renders (pure) and writes the ValidatingWebhookConfiguration for policies;
 //! wiring here.
 
 pub mod ca;
@@ -19,6 +20,7 @@ pub mod reconcile;
 mod reconcile_tests;
 pub mod render;
 pub mod rotation;
+pub mod validating;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -471,6 +473,16 @@ async fn lead(
     let keeper = certs::Keeper::new(&client, &settings, controller.store());
     let certificate_problem = keeper.problems();
     let ca_task = tokio::spawn(certs::maintain_ca(keeper, secret_changed));
+    let validating_task = tokio::spawn(validating::maintain(
+        client.clone(),
+        validating::Writer {
+            target: settings.target.clone(),
+            splice_namespace: settings.namespace.clone(),
+            policy_selector: settings.policy_selector.clone(),
+        },
+        ca_bundle.clone(),
+        leading.clone(),
+    ));
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),
         controller.store(),
@@ -535,6 +547,7 @@ async fn lead(
         })
         .await;
     ca_task.abort();
+    validating_task.abort();
     janitor_task.abort();
     guard_task.abort();
     coverage_task.abort();
