@@ -634,3 +634,54 @@ fn a_list_document_has_its_items_injected() {
     assert_injected(&doc["items"][0], "mesh");
     assert_eq!(doc["items"][1], cli_support::documents(SERVICE)[0]);
 }
+
+#[test]
+fn a_policy_reading_the_pod_name_is_applied_with_the_webhooks_warning_naming_file_and_field() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: named}
+spec:
+  template:
+    env:
+      - name: POD
+        value: "{{ pod.metadata.name }}"
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let warning = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("warning: "))
+        .unwrap_or_else(|| panic!("no warning: {run:?}"));
+    assert!(warning.contains("policy-0.yaml: document 1"), "{warning}");
+    assert!(
+        warning.contains("spec.template.env[0].value reads pod.metadata.name"),
+        "{warning}"
+    );
+}
+
+#[test]
+fn the_pod_security_level_of_each_policy_is_printed_with_its_first_reason() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: net}
+spec:
+  allowPrivileged: true
+  template:
+    initContainers:
+      - name: net-init
+        image: registry.example/init:1
+        securityContext: {capabilities: {add: [NET_ADMIN]}}
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "policy net: injected content satisfies Pod Security privileged \
+             (spec.template.initContainers[0].securityContext.capabilities.add[0] adds the NET_ADMIN capability)"
+        ),
+        "{run:?}"
+    );
+}

@@ -158,6 +158,8 @@ pub(crate) fn without_paused(policies: &mut Vec<LoadedPolicy>) -> Vec<String> {
 /// A policy read from a file, checked and compiled.
 pub(crate) struct LoadedPolicy {
     pub name: String,
+    /// Where it was read, as errors name it: `policies.yaml: document 2 (policy "mesh")`.
+    pub origin: String,
     pub reinvocation: ReinvocationPolicy,
     pub compiled: CompiledPolicy,
 }
@@ -304,6 +306,7 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
     let compiled = CompiledPolicy::compile(&name, generation, &spec)
         .map_err(|e| InputError::document(file, doc.index, e.to_string()))?;
     Ok(LoadedPolicy {
+        origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
         reinvocation: spec.reinvocation_policy,
         compiled,
@@ -517,6 +520,41 @@ fn unique<'a>(what: &str, items: impl Iterator<Item = (String, &'a str)>) -> Res
         seen.insert(name, field);
     }
     Ok(())
+}
+
+/// The compiler's warnings about each policy, as the validating webhook returns them at apply
+/// time, each prefixed with where the policy was read.
+pub(crate) fn policy_warnings(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
+        .iter()
+        .flat_map(|p| {
+            p.compiled
+                .warnings()
+                .iter()
+                .map(move |w| format!("{}: {w}", p.origin))
+        })
+        .collect()
+}
+
+/// One line per policy: the strictest Pod Security level its injected content satisfies, and
+/// the first reason it satisfies no stricter one.
+pub(crate) fn pod_security_lines(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
+        .iter()
+        .map(|p| {
+            let security = p.compiled.pod_security();
+            let reason = security
+                .findings
+                .iter()
+                .find(|f| f.allows == security.level)
+                .map(|f| format!(" ({} {})", f.field, f.message))
+                .unwrap_or_default();
+            format!(
+                "policy {}: injected content satisfies Pod Security {}{reason}",
+                p.name, security.level
+            )
+        })
+        .collect()
 }
 
 /// Stdin can be read once: refuses `-` given more than once across `-p` and `-f`.
