@@ -420,7 +420,8 @@ fn policies_the_api_server_would_reject_are_refused() {
 }
 
 #[test]
-fn privileged_content_without_allow_privileged_is_refused() {
+fn privileged_content_without_allow_privileged_is_refused_and_with_it_reports_its_pod_security_level()
+ {
     let ws = Workspace::new();
     let policy = r#"apiVersion: splice.dev/v1alpha1
 kind: InjectionPolicy
@@ -444,6 +445,14 @@ spec:
     let allowed = policy.replace("spec:\n", "spec:\n  allowPrivileged: true\n");
     let run = inject(&ws, &[&allowed], &pod("web", "shop", "{}"), &[]);
     assert_eq!(run.code, 0, "{run:?}");
+    // Allowed, the level it demands is printed with the first reason.
+    assert!(
+        run.stderr.contains(
+            "policy net: injected content satisfies Pod Security privileged \
+             (spec.template.initContainers[0].securityContext.capabilities.add[0] adds the NET_ADMIN capability)"
+        ),
+        "{run:?}"
+    );
 }
 
 #[test]
@@ -658,30 +667,5 @@ spec:
     assert!(
         warning.contains("spec.template.env[0].value reads pod.metadata.name"),
         "{warning}"
-    );
-}
-
-#[test]
-fn the_pod_security_level_of_each_policy_is_printed_with_its_first_reason() {
-    let ws = Workspace::new();
-    let policy = r#"apiVersion: splice.dev/v1alpha1
-kind: InjectionPolicy
-metadata: {name: net}
-spec:
-  allowPrivileged: true
-  template:
-    initContainers:
-      - name: net-init
-        image: registry.example/init:1
-        securityContext: {capabilities: {add: [NET_ADMIN]}}
-"#;
-    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
-    assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stderr.contains(
-            "policy net: injected content satisfies Pod Security privileged \
-             (spec.template.initContainers[0].securityContext.capabilities.add[0] adds the NET_ADMIN capability)"
-        ),
-        "{run:?}"
     );
 }

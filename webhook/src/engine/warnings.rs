@@ -197,6 +197,39 @@ mod tests {
     }
 
     #[test]
+    fn as_the_warning_says_a_pod_created_with_generate_name_fails_to_render() {
+        use super::super::{
+            CompiledPolicy, EngineError, Exclusions, NamespaceContext, PodRequest, inject,
+        };
+        let spec: InjectionPolicySpec = serde_json::from_value(serde_json::json!({
+            "template": {"containers": [{"name": "s", "image": "x",
+                "env": [{"name": "POD", "value": "{{ pod.metadata.name }}"}]}]},
+        }))
+        .unwrap();
+        let policy = CompiledPolicy::compile("p", 1, &spec).unwrap();
+        let ns = NamespaceContext {
+            name: "shop".into(),
+            ..Default::default()
+        };
+        let ex = Exclusions::default_for("splice-system");
+        let pod = r#"{"metadata":{"generateName":"web-7d9f-","namespace":"shop"},
+            "spec":{"containers":[{"name":"app","image":"a"}]}}"#;
+        let request = PodRequest {
+            operation: splice_crds::Operation::Create,
+            object: pod,
+            namespace: &ns,
+            exclusions: &ex,
+        };
+        match inject(&policy, &request) {
+            Err(EngineError::Render { field, message, .. }) => {
+                assert_eq!(field, "spec.template.containers[0].env[0].value");
+                assert!(message.contains("pod.metadata.name"), "{message}");
+            }
+            other => panic!("expected a render error, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn status_uid_and_creation_time_are_warned_about_and_labels_and_namespace_are_not() {
         for path in [
             "pod.status.podIP",
