@@ -161,7 +161,10 @@ impl CompiledPolicy {
                 ),
             });
         }
-        let warnings = warnings::collect(spec, &templates, &pod_security);
+        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let static_ctx =
+            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);
         for l in &templates.labels {
             if let Some(value) = l.static_value() {
                 validate::label_value(value).map_err(|e| {
@@ -173,9 +176,6 @@ impl CompiledPolicy {
         }
         let hash = template::template_hash(name, spec)
             .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
-        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
-        let static_ctx =
-            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
         Ok(Self {
             name: policy,
             generation,

@@ -406,6 +406,55 @@ impl Templates {
     }
 }
 
+/// A stand-in for the pod (or namespace) that has every field but one: any attribute or index
+/// is another stand-in that renders as `x`, except the dotted path `absent`, which is undefined.
+#[derive(Debug)]
+struct Lacking {
+    path: String,
+    absent: String,
+}
+
+impl minijinja::value::Object for Lacking {
+    fn get_value(self: &std::sync::Arc<Self>, key: &JValue) -> Option<JValue> {
+        let key = match key.as_str() {
+            Some(k) => k.to_owned(),
+            None => key.to_string(),
+        };
+        let path = format!("{}.{key}", self.path);
+        (path != self.absent).then(|| {
+            JValue::from_object(Lacking {
+                path,
+                absent: self.absent.clone(),
+            })
+        })
+    }
+
+    fn render(self: &std::sync::Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("x")
+    }
+}
+
+impl Templates {
+    /// Whether `hole` still renders for a pod (and namespace) that has every field except the
+    /// dotted path `absent` (e.g. `pod.metadata.name`): false when the template needs it, true
+    /// when it guards the read (`| default(...)`, `is defined`). `statics` holds `policy` and
+    /// `values`. A template that fails on the stand-in for another reason counts as needing it.
+    pub fn renders_without(&self, hole: &Hole, absent: &str, statics: &JValue) -> bool {
+        let lacking = |root: &str| {
+            JValue::from_object(Lacking {
+                path: root.to_owned(),
+                absent: absent.to_owned(),
+            })
+        };
+        let ctx = minijinja::context! {
+            pod => lacking("pod"),
+            namespace => lacking("namespace"),
+            ..statics.clone()
+        };
+        render_one(&self.env, hole, &ctx).is_ok()
+    }
+}
+
 fn walk_mut<'v>(mut v: &'v mut Value, path: &[Seg]) -> Option<&'v mut Value> {
     for seg in path {
         v = match seg {

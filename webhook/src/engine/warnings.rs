@@ -3,7 +3,8 @@
 //! - A template that reads a pod field the API server has not filled in at admission time fails
 //!   to render for those pods (strict undefined): the webhook answers an error and the API server
 //!   applies the webhook's failure policy (`Ignore`: the pod is admitted without this policy's
-//!   injection; `Fail`: the pod is refused).
+//!   injection; `Fail`: the pod is refused). A read the template guards (it renders on a pod
+//!   lacking the field, tried at compile time) is not warned about.
 //! - A confused deputy: content that Pod Security `baseline` forbids (what `allowPrivileged`
 //!   gates) whose image, command, arguments, environment or security settings come from `pod.*`,
 //!   which whoever creates a pod writes: the policy would run their choice with its privileges.
@@ -11,6 +12,7 @@
 //! Pure; computed once when a policy compiles, shown by the validating webhook (AdmissionReview
 //! `warnings`, which kubectl prints), by `splice inject`/`simulate`, and in the policy's status.
 
+use minijinja::Value as JValue;
 use splice_crds::{FailurePolicy, InjectionPolicySpec};
 
 use super::podsecurity::PodSecurity;
@@ -62,9 +64,11 @@ const RUNS: [&str; 7] = [
     "securityContext",
 ];
 
+/// `statics` is the render context of `policy` and `values`.
 pub(crate) fn collect(
     spec: &InjectionPolicySpec,
     t: &Templates,
+    statics: &JValue,
     security: &PodSecurity,
 ) -> Vec<PolicyWarning> {
     let mut out = Vec::new();
@@ -90,7 +94,7 @@ pub(crate) fn collect(
             .filter_map(|s| s.hole()),
     );
     for hole in holes {
-        absent_fields(hole, outcome, &mut out);
+        absent_fields(t, hole, statics, outcome, &mut out);
     }
     for item in t.init_containers.iter().chain(&t.containers) {
         confused_deputy(item, security, &RUNS, "runs", &mut out);
@@ -107,14 +111,22 @@ pub(crate) fn collect(
     out
 }
 
-fn absent_fields(hole: &Hole, outcome: &str, out: &mut Vec<PolicyWarning>) {
+/// Warns when `hole` reads one of [`ABSENT_AT_ADMISSION`] and does not render without it (a read
+/// guarded by `| default(...)` or `is defined` is fine).
+fn absent_fields(
+    t: &Templates,
+    hole: &Hole,
+    statics: &JValue,
+    outcome: &str,
+    out: &mut Vec<PolicyWarning>,
+) {
     for (path, who) in ABSENT_AT_ADMISSION {
         let reads = hole.vars.iter().any(|v| {
             v == path
                 || v.strip_prefix(path)
                     .is_some_and(|rest| rest.starts_with('.'))
         });
-        if reads {
+        if reads && !t.renders_without(hole, path, statics) {
             out.push(PolicyWarning {
                 field: hole.field.clone(),
                 message: format!("reads {path}, {who}: {outcome}"),
@@ -171,7 +183,9 @@ mod tests {
         let spec: InjectionPolicySpec = serde_json::from_value(spec).unwrap();
         let t = Templates::compile("p", 1, &spec).unwrap();
         let security = podsecurity::assess(&t);
-        collect(&spec, &t, &security)
+        let (policy, values) = super::super::template::static_context("p", 1, &spec);
+        let statics = minijinja::context! { policy => policy, values => values };
+        collect(&spec, &t, &statics, &security)
     }
 
     #[test]
@@ -227,6 +241,18 @@ mod tests {
             }
             other => panic!("expected a render error, got {other:?}"),
         }
+
+        // Guarded, the read renders (so it is not warned about).
+        let mut guarded = spec.clone();
+        guarded.template.containers[0].env.as_mut().unwrap()[0].value =
+            Some("{{ pod.metadata.name | default(pod.metadata.generateName) }}".into());
+        let policy = CompiledPolicy::compile("p", 1, &guarded).unwrap();
+        assert!(policy.warnings().is_empty(), "{:?}", policy.warnings());
+        let (_, pod) = super::super::inject_and_apply(&policy, &request).unwrap();
+        assert_eq!(
+            pod["spec"]["containers"][1]["env"][0]["value"],
+            serde_json::json!("web-7d9f-")
+        );
     }
 
     #[test]
@@ -247,6 +273,8 @@ mod tests {
                 "y": "{{ namespace.name }}",
                 "z": "{{ pod.metadata.namespace }}",
                 "w": "{{ pod.metadata.nameSuffix | default('a') }}",
+                "v": "{{ pod.metadata.name | default(pod.metadata.generateName) }}",
+                "u": "{% if pod.spec.nodeName is defined %}{{ pod.spec.nodeName }}{% endif %}",
             }},
         }));
         assert!(w.is_empty(), "{w:?}");
