@@ -42,6 +42,11 @@ struct Setup {
 
 impl Setup {
     async fn start(prefix: &str) -> Result<Self> {
+        Self::start_with(prefix, &[]).await
+    }
+
+    /// Like [`Setup::start`], with more `splice run` arguments.
+    async fn start_with(prefix: &str, extra_args: &[&str]) -> Result<Self> {
         let client = splice_e2e::client().await?;
         install_crd(&client).await?;
         let instance = format!("{prefix}-{}", unique_suffix());
@@ -49,7 +54,9 @@ impl Setup {
         let cleanup = PolicyCleanup {
             instance: instance.clone(),
         };
-        let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
+        let mut options = SpliceOptions::new(&splice_ns.name, &instance);
+        options.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        let splice = Splice::start(options).await?;
         Ok(Setup {
             client,
             instance,
@@ -473,7 +480,8 @@ async fn two_policies_injecting_the_same_container_differently_are_both_marked_c
 
 #[tokio::test]
 async fn a_template_that_does_not_compile_is_not_ready_and_says_why() -> Result<()> {
-    let s = Setup::start("invalid").await?;
+    // Without the validating webhook, which would refuse the policy at apply (e2e/tests/validate.rs).
+    let s = Setup::start_with("invalid", &["--validating-webhook=false"]).await?;
     let name = s.policy("broken");
     s.apply(
         &name,

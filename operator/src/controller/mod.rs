@@ -65,6 +65,8 @@ pub struct Settings {
     /// Only policies matching this label selector are served and managed (empty: all). Lets
     /// several independent Splice instances share a cluster, e.g. in tests or for canaries.
     pub policy_selector: Option<String>,
+    /// Whether the leader keeps the ValidatingWebhookConfiguration for policies (else removes it).
+    pub validating_webhook: bool,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub lease: LeaseConfig,
@@ -479,6 +481,7 @@ async fn lead(
             target: settings.target.clone(),
             splice_namespace: settings.namespace.clone(),
             policy_selector: settings.policy_selector.clone(),
+            enabled: settings.validating_webhook,
         },
         ca_bundle.clone(),
         leading.clone(),

@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{MANAGED_BY_LABEL, MANAGER};
 use splice_webhook::server::VALIDATE_PATH;
@@ -189,6 +189,8 @@ pub struct Writer {
     pub target: ClientTarget,
     pub splice_namespace: String,
     pub policy_selector: Option<String>,
+    /// False: the configuration is removed (if it is Splice's) and kept absent.
+    pub enabled: bool,
 }
 
 /// Keeps the configuration written while this replica leads (the task is dropped when it stops
@@ -223,6 +225,13 @@ pub async fn maintain(
     loop {
         let bundle = ca_bundle.borrow_and_update().clone();
         let wait = match bundle {
+            _ if !writer.enabled => match ensure_absent(&api, &name, &leading).await {
+                Ok(()) => RESYNC,
+                Err(e) => {
+                    tracing::warn!(configuration = %name, error = %e, "could not remove the validating webhook configuration; retrying");
+                    RETRY
+                }
+            },
             None => RESYNC,
             Some(bundle) => {
                 match ensure(
@@ -249,6 +258,34 @@ pub async fn maintain(
             event = changes.next() => if event.is_none() { return },
             () = tokio::time::sleep(wait) => {}
         }
+    }
+}
+
+/// Deletes the configuration when it exists and is Splice's (labelled managed by Splice).
+async fn ensure_absent(
+    api: &Api<ValidatingWebhookConfiguration>,
+    name: &str,
+    leading: &watch::Receiver<bool>,
+) -> Result<(), kube::Error> {
+    let Some(existing) = api.get_metadata_opt(name).await? else {
+        return Ok(());
+    };
+    let ours = existing
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGER);
+    if !ours || !*leading.borrow() {
+        return Ok(());
+    }
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            tracing::info!(configuration = %name, "removed the validating webhook configuration (--validating-webhook=false)");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
