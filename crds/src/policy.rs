@@ -14,31 +14,6 @@ pub const MAX_INJECTED_ENV: usize = 128;
 pub const MAX_INJECTED_MOUNTS: usize = 32;
 pub const MAX_VALUES: usize = 64;
 
-// CEL rules on the template. They live here, next to the fields they guard, and are emitted into the
-// generated CRD. Each list they walk is bounded by maxItems so the API server can cost them.
-const RULE_NO_PRIVILEGED: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
-    !has(self.template) || \
-    ((!has(self.template.containers) || self.template.containers.all(c, \
-        !(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))) && \
-     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
-        !(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged))))";
-const RULE_NO_HOST_PORTS: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
-    !has(self.template) || \
-    ((!has(self.template.containers) || self.template.containers.all(c, \
-        !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))) && \
-     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
-        !has(c.ports) || c.ports.all(p, !has(p.hostPort) || p.hostPort == 0))))";
-const RULE_NO_PRIVILEGED_CAPS: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
-    !has(self.template) || \
-    ((!has(self.template.containers) || self.template.containers.all(c, \
-        !(has(c.securityContext) && has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add) && \
-          c.securityContext.capabilities.add.exists(a, a in ['ALL', 'SYS_ADMIN', 'NET_ADMIN', 'NET_RAW', 'SYS_PTRACE', 'SYS_MODULE'])))) && \
-     (!has(self.template.initContainers) || self.template.initContainers.all(c, \
-        !(has(c.securityContext) && has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add) && \
-          c.securityContext.capabilities.add.exists(a, a in ['ALL', 'SYS_ADMIN', 'NET_ADMIN', 'NET_RAW', 'SYS_PTRACE', 'SYS_MODULE'])))))";
-const RULE_NO_HOST_PATH: &str = "(has(self.allowPrivileged) && self.allowPrivileged) || \
-    !has(self.template) || !has(self.template.volumes) || self.template.volumes.all(v, !has(v.hostPath))";
-
 /// What to inject into pods, and where. Cluster-scoped: one policy serves every namespace its
 /// `namespaceSelector` selects.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -53,21 +28,10 @@ const RULE_NO_HOST_PATH: &str = "(has(self.allowPrivileged) && self.allowPrivile
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].reason"}"#,
     printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
+    printcolumn = r#"{"name":"Pod security","type":"string","jsonPath":".status.podSecurity"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new(RULE_NO_PRIVILEGED)
-    .message("privileged containers are only allowed when spec.allowPrivileged is true")
-    .reason(Reason::FieldValueForbidden))]
-#[x_kube(validation = Rule::new(RULE_NO_HOST_PORTS)
-    .message("hostPort (a host network namespace binding) is only allowed when spec.allowPrivileged is true")
-    .reason(Reason::FieldValueForbidden))]
-#[x_kube(validation = Rule::new(RULE_NO_PRIVILEGED_CAPS)
-    .message("adding ALL, SYS_ADMIN, NET_ADMIN, NET_RAW, SYS_PTRACE or SYS_MODULE capabilities is only allowed when spec.allowPrivileged is true")
-    .reason(Reason::FieldValueForbidden))]
-#[x_kube(validation = Rule::new(RULE_NO_HOST_PATH)
-    .message("hostPath volumes are only allowed when spec.allowPrivileged is true")
-    .reason(Reason::FieldValueForbidden))]
 pub struct InjectionPolicySpec {
     /// Namespaces whose pods are injected. Absent selects every namespace (the mandatory
     /// exclusions always apply).
@@ -103,8 +67,11 @@ pub struct InjectionPolicySpec {
     #[serde(default)]
     pub paused: bool,
 
-    /// Allows privileged containers, privileged capabilities, host ports and hostPath volumes in
-    /// the template.
+    /// Allows injected content that Pod Security `baseline` forbids: privileged containers,
+    /// capabilities beyond baseline's list, host ports, hostPath volumes, `Unconfined` seccomp or
+    /// AppArmor profiles, custom SELinux options, an unmasked /proc, Windows HostProcess. Without
+    /// it such a policy is refused: at apply by Splice's validating webhook, and by the reconcile
+    /// in any case. `status.podSecurity` says which level the injected content satisfies.
     #[serde(default)]
     pub allow_privileged: bool,
 
@@ -278,6 +245,19 @@ pub struct InjectionPolicyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate_not_after: Option<String>,
 
+    /// The strictest Pod Security Standards level the injected content satisfies on its own
+    /// (containers, init containers, volumes and the annotations it sets): pods injected by this
+    /// policy can only be admitted in namespaces that enforce this level or a laxer one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
+
+    /// What the policy does that its author may not mean, one sentence each naming the field: a
+    /// template reading a pod field absent at admission, privileged content the pod controls.
+    /// The validating webhook returns the same warnings at apply time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub warnings: Vec<String>,
+
     /// Pods this policy selects, from the operator's pod watch (written by field manager
     /// `splice-coverage`, at most once per pass and only when a count changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -325,6 +305,34 @@ pub struct ProbeLatency {
     pub webhook_p99_ms: i64,
     /// Probes in the window.
     pub samples: i64,
+}
+
+/// A Pod Security Standards level, as the `pod-security.kubernetes.io/enforce` namespace label
+/// names it. Ordered from the laxest to the strictest.
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSecurityLevel {
+    Privileged,
+    Baseline,
+    Restricted,
+}
+
+impl PodSecurityLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PodSecurityLevel::Privileged => "privileged",
+            PodSecurityLevel::Baseline => "baseline",
+            PodSecurityLevel::Restricted => "restricted",
+        }
+    }
+}
+
+impl std::fmt::Display for PodSecurityLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Pod counts for one policy. `matched` counts pods the policy selects that carry its injection

@@ -476,6 +476,11 @@ pub struct Setup {
 
 impl Setup {
     pub async fn start(prefix: &str) -> Result<Self> {
+        Self::start_with(prefix, &[]).await
+    }
+
+    /// Like [`Setup::start`], with more `splice run` arguments.
+    pub async fn start_with(prefix: &str, extra_args: &[&str]) -> Result<Self> {
         let client = splice_e2e::client().await?;
         install_crd(&client).await?;
         let instance = format!("{prefix}-{}", unique_suffix());
@@ -483,7 +488,9 @@ impl Setup {
         let cleanup = PolicyCleanup {
             instance: instance.clone(),
         };
-        let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
+        let mut options = SpliceOptions::new(&splice_ns.name, &instance);
+        options.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        let splice = Splice::start(options).await?;
         Ok(Setup {
             client,
             instance,

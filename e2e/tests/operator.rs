@@ -420,7 +420,8 @@ async fn two_policies_injecting_the_same_container_differently_are_both_marked_c
 
 #[tokio::test]
 async fn a_template_that_does_not_compile_is_not_ready_and_says_why() -> Result<()> {
-    let s = Setup::start("invalid").await?;
+    // Without the validating webhook, which would refuse the policy at apply (e2e/tests/validate.rs).
+    let s = Setup::start_with("invalid", &["--validating-webhook=false"]).await?;
     let name = s.policy("broken");
     s.apply(
         &name,

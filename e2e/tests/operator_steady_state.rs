@@ -18,8 +18,9 @@ use splice_e2e::{TestNamespace, unique_suffix};
 
 /// Resources Splice writes, as `apiserver_request_total` names them. Leases are counted apart:
 /// renewing the Lease every retry period is how leader election works.
-const SPLICE_WRITES: [&str; 4] = [
+const SPLICE_WRITES: [&str; 5] = [
     "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
     "injectionpolicies",
     "secrets",
     "events",

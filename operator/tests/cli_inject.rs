@@ -420,7 +420,8 @@ fn policies_the_api_server_would_reject_are_refused() {
 }
 
 #[test]
-fn privileged_content_without_allow_privileged_is_refused() {
+fn privileged_content_without_allow_privileged_is_refused_and_with_it_reports_its_pod_security_level()
+ {
     let ws = Workspace::new();
     let policy = r#"apiVersion: splice.dev/v1alpha1
 kind: InjectionPolicy
@@ -444,6 +445,14 @@ spec:
     let allowed = policy.replace("spec:\n", "spec:\n  allowPrivileged: true\n");
     let run = inject(&ws, &[&allowed], &pod("web", "shop", "{}"), &[]);
     assert_eq!(run.code, 0, "{run:?}");
+    // Allowed, the level it demands is printed with the first reason.
+    assert!(
+        run.stderr.contains(
+            "policy net: injected content satisfies Pod Security privileged \
+             (spec.template.initContainers[0].securityContext.capabilities.add[0] adds the NET_ADMIN capability)"
+        ),
+        "{run:?}"
+    );
 }
 
 #[test]
@@ -633,4 +642,30 @@ fn a_list_document_has_its_items_injected() {
     assert_eq!(doc["kind"], "List");
     assert_injected(&doc["items"][0], "mesh");
     assert_eq!(doc["items"][1], cli_support::documents(SERVICE)[0]);
+}
+
+#[test]
+fn a_policy_reading_the_pod_name_is_applied_with_the_webhooks_warning_naming_file_and_field() {
+    let ws = Workspace::new();
+    let policy = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: named}
+spec:
+  template:
+    env:
+      - name: POD
+        value: "{{ pod.metadata.name }}"
+"#;
+    let run = inject(&ws, &[policy], &pod("web", "shop", "{}"), &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let warning = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("warning: "))
+        .unwrap_or_else(|| panic!("no warning: {run:?}"));
+    assert!(warning.contains("policy-0.yaml: document 1"), "{warning}");
+    assert!(
+        warning.contains("spec.template.env[0].value reads pod.metadata.name"),
+        "{warning}"
+    );
 }

@@ -372,6 +372,32 @@ pub fn allowed_response_base64(
     out
 }
 
+/// Serializes a refusing AdmissionReview response: `status.message` is what kubectl prints after
+/// "denied the request:"; `code` 422 with reason `Invalid` says the object is at fault, not the
+/// caller's permissions. Warnings ride along, as on an allowed response.
+pub fn denied_response(
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+    message: &str,
+    warnings: &[String],
+) -> Vec<u8> {
+    let mut response = serde_json::json!({
+        "uid": uid,
+        "allowed": false,
+        "status": {"code": 422, "reason": "Invalid", "message": message},
+    });
+    if !warnings.is_empty() {
+        response["warnings"] = serde_json::json!(warnings);
+    }
+    let review = serde_json::json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "response": response,
+    });
+    serde_json::to_vec(&review).unwrap_or_default()
+}
+
 /// Finds `request.uid` without parsing the body: the benchmark's null handler measures the server
 /// stack alone. It looks for the first `"uid"` key, which in an AdmissionReview is the request's.
 pub fn scan_uid(body: &[u8]) -> Option<&str> {

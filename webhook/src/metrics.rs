@@ -53,10 +53,14 @@ pub enum Outcome {
     UnknownPolicy,
     /// Answered by the benchmark-only null handler.
     Null,
+    /// A policy the validating webhook admitted.
+    Allowed,
+    /// A policy the validating webhook refused.
+    Denied,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 7] = [
+    const ALL: [Outcome; 9] = [
         Outcome::Injected,
         Outcome::Unchanged,
         Outcome::Skipped,
@@ -64,6 +68,8 @@ impl Outcome {
         Outcome::BadRequest,
         Outcome::UnknownPolicy,
         Outcome::Null,
+        Outcome::Allowed,
+        Outcome::Denied,
     ];
 
     /// Stable label value.
@@ -76,6 +82,8 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::UnknownPolicy => "unknown_policy",
             Outcome::Null => "null",
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
         }
     }
 

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use serde::Serialize;
 use serde_json::Value;
+use splice_crds::PodSecurityLevel;
 use splice_webhook::engine::explain::{self as why, InjectionState, Verdict};
 use splice_webhook::engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
@@ -169,6 +170,10 @@ pub(crate) struct PolicyReport {
     pub operations: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+    /// The strictest Pod Security level the policy's injected content satisfies (absent when it
+    /// does not compile): a namespace enforcing a stricter level refuses the injected pod.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_security: Option<PodSecurityLevel>,
     pub injection: InjectionState,
     /// What the pod's record says this policy injected.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +211,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 error: Some(error.clone()),
                 operations: Vec::new(),
                 template_hash: None,
+                pod_security: None,
                 injection: match &injected {
                     Some(e) => InjectionState::Outdated {
                         recorded_hash: e.hash.clone(),
@@ -240,6 +246,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                         .map(|o| o.as_str())
                         .collect(),
                     template_hash: Some(compiled.template_hash().to_owned()),
+                    pod_security: Some(compiled.pod_security().level),
                     injection: why::injection_state(compiled, &single),
                     injected,
                     probe: p.probe.clone(),
@@ -286,7 +293,7 @@ fn render_table(report: &Report) -> String {
         "{} in namespace {}: {verdict}",
         report.pod, report.namespace
     );
-    let rows: Vec<[String; 4]> = report
+    let rows: Vec<[String; 5]> = report
         .policies
         .iter()
         .map(|p| {
@@ -294,33 +301,43 @@ fn render_table(report: &Report) -> String {
                 p.name.clone(),
                 if p.matches { "yes" } else { "no" }.to_owned(),
                 state_text(&p.injection),
+                p.pod_security
+                    .map_or_else(|| "-".to_owned(), |l| l.as_str().to_owned()),
                 p.reason.clone(),
             ]
         })
         .collect();
-    let header = ["POLICY", "MATCHES", "INJECTION", "DECIDED BY"];
+    let header = [
+        "POLICY",
+        "MATCHES",
+        "INJECTION",
+        "POD SECURITY",
+        "DECIDED BY",
+    ];
     let mut widths = header.map(str::len);
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |out: &mut String, cells: [&str; 4]| {
+    let line = |out: &mut String, cells: [&str; 5]| {
         let _ = writeln!(
             out,
-            "{:<w0$}  {:<w1$}  {:<w2$}  {}",
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
             cells[0],
             cells[1],
             cells[2],
             cells[3],
+            cells[4],
             w0 = widths[0],
             w1 = widths[1],
             w2 = widths[2],
+            w3 = widths[3],
         );
     };
     line(&mut out, header);
     for row in &rows {
-        line(&mut out, [&row[0], &row[1], &row[2], &row[3]]);
+        line(&mut out, [&row[0], &row[1], &row[2], &row[3], &row[4]]);
     }
     if report.policies.is_empty() {
         let _ = writeln!(out, "(no policies)");

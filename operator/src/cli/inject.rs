@@ -44,6 +44,9 @@ pub fn main(args: Args) -> ExitCode {
     match run(&args) {
         Ok(report) => {
             let mut stderr = std::io::stderr().lock();
+            for note in &report.notes {
+                let _ = writeln!(stderr, "{note}");
+            }
             for warning in &report.warnings {
                 let _ = writeln!(stderr, "warning: {warning}");
             }
@@ -72,6 +75,8 @@ struct Report {
     /// One line per document that changes: where it is, what it is, which policies changed it.
     changes: Vec<String>,
     warnings: Vec<String>,
+    /// What each policy's content demands from Pod Security admission.
+    notes: Vec<String>,
 }
 
 /// A document on its way out: untouched documents keep the YAML they were parsed as, so the
@@ -87,15 +92,18 @@ fn run(args: &Args) -> Result<Report, InputError> {
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain(&args.files))?;
     let mut policies = offline::load_policies(&args.policies)?;
+    let policy_warnings = offline::policy_warnings(&policies);
     let paused = offline::without_paused(&mut policies);
+    let mut warnings: Vec<String> = paused
+        .iter()
+        .map(|name| format!("policy {name} is paused (spec.paused): not applied"))
+        .collect();
+    warnings.extend(policy_warnings);
     let mut ctx = Context {
         policies: &policies,
         args,
         changes: Vec::new(),
-        warnings: paused
-            .iter()
-            .map(|name| format!("policy {name} is paused (spec.paused): not applied"))
-            .collect(),
+        warnings,
     };
 
     let mut out = Vec::new();
@@ -119,6 +127,7 @@ fn run(args: &Args) -> Result<Report, InputError> {
         output,
         changes: ctx.changes,
         warnings: ctx.warnings,
+        notes: offline::pod_security_lines(&policies),
     })
 }
 

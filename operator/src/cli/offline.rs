@@ -158,6 +158,8 @@ pub(crate) fn without_paused(policies: &mut Vec<LoadedPolicy>) -> Vec<String> {
 /// A policy read from a file, checked and compiled.
 pub(crate) struct LoadedPolicy {
     pub name: String,
+    /// Where it was read, as errors name it: `policies.yaml: document 2 (policy "mesh")`.
+    pub origin: String,
     pub reinvocation: ReinvocationPolicy,
     pub compiled: CompiledPolicy,
 }
@@ -304,6 +306,7 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
     let compiled = CompiledPolicy::compile(&name, generation, &spec)
         .map_err(|e| InputError::document(file, doc.index, e.to_string()))?;
     Ok(LoadedPolicy {
+        origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
         reinvocation: spec.reinvocation_policy,
         compiled,
@@ -407,18 +410,10 @@ fn violation(field: impl Into<String>, message: impl Into<String>) -> Violation 
     }
 }
 
-/// Capabilities that amount to privileged content; keep in step with the CRD's CEL rule.
-const PRIVILEGED_CAPABILITIES: [&str; 6] = [
-    "ALL",
-    "SYS_ADMIN",
-    "NET_ADMIN",
-    "NET_RAW",
-    "SYS_PTRACE",
-    "SYS_MODULE",
-];
-
 /// The checks the API server runs on an InjectionPolicy from the CRD's schema bounds and CEL rules
-/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would.
+/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would. The rest (the
+/// templates, selectors, and Pod Security's `spec.allowPrivileged` gate) is the compiler's, which
+/// Splice's validating webhook runs at apply time.
 pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
     if !(1..=30).contains(&spec.timeout_seconds) {
         return Err(violation(
@@ -501,9 +496,8 @@ pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
         }),
     )?;
 
-    if !spec.allow_privileged {
-        check_unprivileged(spec)?;
-    }
+    // What Pod Security baseline forbids (`spec.allowPrivileged`) is the compiler's to refuse,
+    // as in the reconcile and the validating webhook.
     Ok(())
 }
 
@@ -528,62 +522,39 @@ fn unique<'a>(what: &str, items: impl Iterator<Item = (String, &'a str)>) -> Res
     Ok(())
 }
 
-fn check_unprivileged(spec: &InjectionPolicySpec) -> Result<(), Violation> {
-    const HINT: &str = "is only allowed when spec.allowPrivileged is true";
-    let t = &spec.template;
-    let containers = t
-        .init_containers
+/// The compiler's warnings about each policy, as the validating webhook returns them at apply
+/// time, each prefixed with where the policy was read.
+pub(crate) fn policy_warnings(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
         .iter()
-        .enumerate()
-        .map(|(i, c)| (format!("spec.template.initContainers[{i}]"), c))
-        .chain(
-            t.containers
+        .flat_map(|p| {
+            p.compiled
+                .warnings()
                 .iter()
-                .enumerate()
-                .map(|(i, c)| (format!("spec.template.containers[{i}]"), c)),
-        );
-    for (at, c) in containers {
-        if let Some(sc) = &c.security_context {
-            if sc.privileged == Some(true) {
-                return Err(violation(
-                    format!("{at}.securityContext.privileged"),
-                    format!("a privileged container {HINT}"),
-                ));
-            }
-            let added = sc
-                .capabilities
-                .as_ref()
-                .and_then(|caps| caps.add.as_ref())
-                .into_iter()
-                .flatten()
-                .enumerate();
-            for (j, cap) in added {
-                if PRIVILEGED_CAPABILITIES.contains(&cap.as_str()) {
-                    return Err(violation(
-                        format!("{at}.securityContext.capabilities.add[{j}]"),
-                        format!("adding the {cap} capability {HINT}"),
-                    ));
-                }
-            }
-        }
-        for (j, port) in c.ports.iter().flatten().enumerate() {
-            if port.host_port.is_some_and(|p| p != 0) {
-                return Err(violation(
-                    format!("{at}.ports[{j}].hostPort"),
-                    format!("a host port (a host network namespace binding) {HINT}"),
-                ));
-            }
-        }
-    }
-    for (i, v) in t.volumes.iter().enumerate() {
-        if v.host_path.is_some() {
-            return Err(violation(
-                format!("spec.template.volumes[{i}].hostPath"),
-                format!("a hostPath volume {HINT}"),
-            ));
-        }
-    }
-    Ok(())
+                .map(move |w| format!("{}: {w}", p.origin))
+        })
+        .collect()
+}
+
+/// One line per policy: the strictest Pod Security level its injected content satisfies, and
+/// the first reason it satisfies no stricter one.
+pub(crate) fn pod_security_lines(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
+        .iter()
+        .map(|p| {
+            let security = p.compiled.pod_security();
+            let reason = security
+                .findings
+                .iter()
+                .find(|f| f.allows == security.level)
+                .map(|f| format!(" ({} {})", f.field, f.message))
+                .unwrap_or_default();
+            format!(
+                "policy {}: injected content satisfies Pod Security {}{reason}",
+                p.name, security.level
+            )
+        })
+        .collect()
 }
 
 /// Stdin can be read once: refuses `-` given more than once across `-p` and `-f`.
@@ -1144,36 +1115,6 @@ mod tests {
         for (yaml, field) in cases {
             assert_eq!(check_spec(&spec(yaml)).expect_err(yaml).field, field);
         }
-    }
-
-    #[test]
-    fn privileged_content_needs_allow_privileged() {
-        let cases = [
-            (
-                "template: {containers: [{name: a, securityContext: {privileged: true}}]}",
-                "spec.template.containers[0].securityContext.privileged",
-            ),
-            (
-                "template: {initContainers: [{name: a, securityContext: {capabilities: {add: [CHOWN, NET_ADMIN]}}}]}",
-                "spec.template.initContainers[0].securityContext.capabilities.add[1]",
-            ),
-            (
-                "template: {containers: [{name: a, ports: [{containerPort: 80, hostPort: 80}]}]}",
-                "spec.template.containers[0].ports[0].hostPort",
-            ),
-            (
-                "template: {volumes: [{name: a, hostPath: {path: /var}}]}",
-                "spec.template.volumes[0].hostPath",
-            ),
-        ];
-        for (yaml, field) in cases {
-            let v = check_spec(&spec(yaml)).expect_err(yaml);
-            assert_eq!(v.field, field);
-            assert!(v.message.contains("allowPrivileged"), "{v:?}");
-            assert!(check_spec(&spec(&format!("allowPrivileged: true\n{yaml}"))).is_ok());
-        }
-        let harmless = "template: {containers: [{name: a, securityContext: {capabilities: {add: [CHOWN]}, privileged: false}, ports: [{containerPort: 80}]}]}";
-        assert!(check_spec(&spec(harmless)).is_ok());
     }
 
     #[test]

@@ -42,6 +42,12 @@ pub struct Args {
     #[arg(long, env = "SPLICE_POLICY_SELECTOR")]
     policy_selector: Option<String>,
 
+    /// Judge InjectionPolicy creates and updates at apply time through a ValidatingWebhookConfiguration
+    /// (`splice-validate-<namespace>`) that the leader keeps; `false` removes it, and policies are
+    /// then only checked by the reconcile.
+    #[arg(long, env = "SPLICE_VALIDATING_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    validating_webhook: bool,
+
     /// Splice's own Deployment (in --namespace): `Fail` is only put in force while it has at
     /// least 2 available replicas and a PodDisruptionBudget keeps one of them.
     #[arg(long, env = "SPLICE_DEPLOYMENT_NAME", default_value = "splice")]
@@ -160,6 +166,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         target,
         serving_names,
         policy_selector: args.policy_selector.clone().filter(|s| !s.is_empty()),
+        validating_webhook: args.validating_webhook,
         listen: args.listen,
         admin_listen: args.admin_listen,
         lease,

@@ -39,7 +39,12 @@ pub struct Args {
 
 pub fn main(args: Args) -> ExitCode {
     match run(&args) {
-        Ok((text, code)) => super::print_or_fail(&text, code),
+        Ok((text, code, warnings)) => {
+            for warning in &warnings {
+                eprintln!("warning: {warning}");
+            }
+            super::print_or_fail(&text, code)
+        }
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
@@ -47,12 +52,14 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
+/// The report for stdout, the exit code, and the policies' warnings for stderr.
+fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
     args.namespace
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain([&args.file]))?;
     let mut policies = offline::load_policies(&args.policies)?;
+    let warnings = offline::policy_warnings(&policies);
     let paused = offline::without_paused(&mut policies);
     let subject = offline::read_subject(&args.file)?;
     let namespace = args.namespace.context(subject.own_namespace.as_deref());
@@ -84,6 +91,9 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
             paused.join(", ")
         );
     }
+    for line in offline::pod_security_lines(&policies) {
+        let _ = writeln!(out, "{line}");
+    }
 
     if args.all_orders {
         if policies.len() > MAX_ALL_ORDERS_POLICIES {
@@ -99,14 +109,14 @@ fn run(args: &Args) -> Result<(String, ExitCode), InputError> {
         }
         let analysis = all_orders(&policies, &subject, admission)?;
         let code = analysis.render(&policies, &mut out);
-        return Ok((out, code));
+        return Ok((out, code, warnings));
     }
 
     let order: Vec<usize> = (0..policies.len()).collect();
     let (_, steps) = offline::run_chain(&policies, &order, subject.pod.clone(), admission)
         .map_err(|e| subject.error(e.to_string()))?;
     render_steps(&policies, &steps, &mut out);
-    Ok((out, ExitCode::SUCCESS))
+    Ok((out, ExitCode::SUCCESS, warnings))
 }
 
 fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {

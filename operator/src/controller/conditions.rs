@@ -3,7 +3,8 @@
 
 use k8s_openapi::jiff::Timestamp;
 use splice_crds::{
-    ConditionStatus, FailurePolicy, InjectionPolicyStatus, condition, set_condition,
+    ConditionStatus, FailurePolicy, InjectionPolicyStatus, PodSecurityLevel, condition,
+    set_condition,
 };
 
 use super::conflicts::Conflict;
@@ -106,6 +107,10 @@ pub struct Observation<'a> {
     pub webhook: &'a WebhookOutcome,
     pub failure_policy: &'a FailurePolicyDecision,
     pub conflicts: &'a [Conflict],
+    /// The Pod Security level the injected content satisfies, when the templates compile.
+    pub pod_security: Option<PodSecurityLevel>,
+    /// The compiler's warnings about the policy (fields absent at admission, confused deputy).
+    pub warnings: &'a [String],
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -268,6 +273,8 @@ pub fn desired_status(
     status.template_hash = obs.template_hash.map(str::to_owned);
     status.serving_generation = obs.serving.map(|(g, _)| g);
     status.serving_spec = obs.serving.map(|(_, spec)| spec.clone());
+    status.pod_security = obs.pod_security;
+    status.warnings = obs.warnings.to_vec();
     status.webhook_configuration = match obs.webhook {
         WebhookOutcome::Applied { configuration } | WebhookOutcome::Held { configuration, .. } => {
             Some(configuration.clone())
@@ -412,6 +419,8 @@ mod tests {
             webhook,
             failure_policy: fp,
             conflicts,
+            pod_security: Some(PodSecurityLevel::Baseline),
+            warnings: &[],
         }
     }
 

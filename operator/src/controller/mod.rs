@@ -5,7 +5,8 @@
 //! Layout: pure decisions in [`render`], [`conditions`], [`conflicts`], [`serving`] (which
 //! generation is in force), [`ca`], [`rotation`] and [`verdict`] (the admission probe's); API calls
 //! in [`reconcile`] (one policy), [`certs`] (the CA Secrets), [`leader`] (the Lease) and [`probe`]
-//! (the admission probe's dry runs); wiring here.
+//! (the admission probe's dry runs); [`validating`] renders (pure) and writes the
+//! ValidatingWebhookConfiguration for policies; wiring here.
 
 pub mod ca;
 pub mod certs;
@@ -22,6 +23,7 @@ mod reconcile_tests;
 pub mod render;
 pub mod rotation;
 pub mod serving;
+pub mod validating;
 pub mod verdict;
 
 use std::collections::HashMap;
@@ -67,6 +69,8 @@ pub struct Settings {
     /// Only policies matching this label selector are served and managed (empty: all). Lets
     /// several independent Splice instances share a cluster, e.g. in tests or for canaries.
     pub policy_selector: Option<String>,
+    /// Whether the leader keeps the ValidatingWebhookConfiguration for policies (else removes it).
+    pub validating_webhook: bool,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub lease: LeaseConfig,
@@ -477,6 +481,17 @@ async fn lead(
     let keeper = certs::Keeper::new(&client, &settings, controller.store());
     let certificate_problem = keeper.problems();
     let ca_task = tokio::spawn(certs::maintain_ca(keeper, secret_changed));
+    let validating_task = tokio::spawn(validating::maintain(
+        client.clone(),
+        validating::Writer {
+            target: settings.target.clone(),
+            splice_namespace: settings.namespace.clone(),
+            policy_selector: settings.policy_selector.clone(),
+            enabled: settings.validating_webhook,
+        },
+        ca_bundle.clone(),
+        leading.clone(),
+    ));
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),
         controller.store(),
@@ -560,6 +575,7 @@ async fn lead(
         })
         .await;
     ca_task.abort();
+    validating_task.abort();
     janitor_task.abort();
     guard_task.abort();
     coverage_task.abort();

@@ -184,6 +184,10 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
 
     let template_hash = in_force.compiled().map(|c| c.template_hash().to_owned());
     let serving = in_force.record();
+    let warnings: Vec<String> = in_force
+        .compiled()
+        .map(|c| status_warnings(c.warnings()))
+        .unwrap_or_default();
     let observation = Observation {
         generation,
         template_hash: template_hash.as_deref(),
@@ -191,6 +195,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         webhook: &outcome,
         failure_policy: &failure_policy,
         conflicts: &conflicts,
+        pod_security: in_force.compiled().map(|c| c.pod_security().level),
+        warnings: &warnings,
     };
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's: left out here, they are neither compared nor applied (so
@@ -227,7 +233,20 @@ fn invalid_reason(error: &PolicyError) -> &'static str {
         PolicyError::Selector { .. } => "InvalidSelector",
         PolicyError::DuplicateName { .. } => "DuplicateName",
         PolicyError::InvalidField { .. } => "InvalidField",
+        PolicyError::Privileged { .. } => "PrivilegedContent",
     }
+}
+
+/// The status lists at most this many warnings (the CRD's bound); the validating webhook and the
+/// offline CLI show them all.
+const MAX_STATUS_WARNINGS: usize = 32;
+
+fn status_warnings(warnings: &[splice_webhook::engine::PolicyWarning]) -> Vec<String> {
+    warnings
+        .iter()
+        .take(MAX_STATUS_WARNINGS)
+        .map(ToString::to_string)
+        .collect()
 }
 
 fn failed(configuration: String, error: Error, slot: &mut Option<Error>) -> WebhookOutcome {

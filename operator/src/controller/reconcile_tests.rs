@@ -124,6 +124,7 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
         target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
         serving_names: vec!["127.0.0.1".into()],
         policy_selector: None,
+        validating_webhook: true,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         lease: LeaseConfig {

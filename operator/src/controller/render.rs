@@ -111,6 +111,11 @@ impl ClientTarget {
     }
 
     fn client_config(&self, policy: &str, ca_bundle: &[u8]) -> WebhookClientConfig {
+        self.client_config_at(&webhook_path(policy), ca_bundle)
+    }
+
+    /// How the API server calls `path` on Splice's webhook server, trusting `ca_bundle`.
+    pub(crate) fn client_config_at(&self, path: &str, ca_bundle: &[u8]) -> WebhookClientConfig {
         let ca_bundle = Some(ByteString(ca_bundle.to_vec()));
         match self {
             ClientTarget::Service {
@@ -122,7 +127,7 @@ impl ClientTarget {
                 service: Some(ServiceReference {
                     name: name.clone(),
                     namespace: namespace.clone(),
-                    path: Some(webhook_path(policy)),
+                    path: Some(path.to_owned()),
                     port: Some(*port),
                 }),
                 url: None,
@@ -130,7 +135,7 @@ impl ClientTarget {
             ClientTarget::Url { base, .. } => WebhookClientConfig {
                 ca_bundle,
                 service: None,
-                url: Some(format!("{base}{}", webhook_path(policy))),
+                url: Some(format!("{base}{path}")),
             },
         }
     }
@@ -309,10 +314,7 @@ fn with_requirement(
 /// nothing. Fields the API server defaults, or other managers add (labels, annotations, owner
 /// references, other webhooks in the list), do not count as drift: server-side apply would leave
 /// them alone anyway, and treating them as drift would write on every reconcile.
-pub fn is_up_to_date(
-    desired: &MutatingWebhookConfiguration,
-    observed: &MutatingWebhookConfiguration,
-) -> bool {
+pub fn is_up_to_date<T: serde::Serialize>(desired: &T, observed: &T) -> bool {
     let (Ok(desired), Ok(observed)) = (
         serde_json::to_value(desired),
         serde_json::to_value(observed),

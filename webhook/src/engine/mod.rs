@@ -16,16 +16,20 @@ mod cache;
 pub mod explain;
 mod patch;
 mod plan;
+pub mod podsecurity;
 mod provenance;
 mod selector;
 mod shape;
 mod template;
 mod validate;
 mod view;
+pub mod warnings;
 pub(crate) mod wire;
 
+pub use podsecurity::PodSecurity;
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
+pub use warnings::PolicyWarning;
 
 use selector::Selector;
 use template::{Templates, first_duplicate};
@@ -87,12 +91,17 @@ pub struct CompiledPolicy {
     render_cache: cache::RenderCache,
     /// Patches reused across pods of one shape, for those renderings.
     plan_cache: cache::PlanCache,
+    /// The Pod Security level the injected content satisfies, and why no stricter one.
+    pod_security: PodSecurity,
+    /// What the policy will do that its author probably did not mean.
+    warnings: Vec<PolicyWarning>,
 }
 
 impl CompiledPolicy {
     /// Compiles `spec` for the policy `name` at `generation`. Fails with an error naming the field
-    /// (e.g. `spec.template.containers[0].image`) when a template does not parse or a selector is
-    /// invalid.
+    /// (e.g. `spec.template.containers[0].image`) when a template does not parse, a selector is
+    /// invalid, or the injected content holds what Pod Security `baseline` forbids while
+    /// `spec.allowPrivileged` is false.
     pub fn compile(
         name: &str,
         generation: i64,
@@ -138,6 +147,24 @@ impl CompiledPolicy {
                 message: e.message,
             })?;
         check_unique(&policy, &templates)?;
+        let pod_security = podsecurity::assess(&templates);
+        if !spec.allow_privileged
+            && let Some(finding) = pod_security.privileged().next()
+        {
+            return Err(PolicyError::Privileged {
+                policy: policy.clone(),
+                field: finding.field.clone(),
+                message: format!(
+                    "{}: Pod Security baseline forbids this, so it is only allowed when \
+                     spec.allowPrivileged is true",
+                    finding.message
+                ),
+            });
+        }
+        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let static_ctx =
+            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);
         for l in &templates.labels {
             if let Some(value) = l.static_value() {
                 validate::label_value(value).map_err(|e| {
@@ -149,9 +176,6 @@ impl CompiledPolicy {
         }
         let hash = template::template_hash(name, spec)
             .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
-        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
-        let static_ctx =
-            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
         Ok(Self {
             name: policy,
             generation,
@@ -165,7 +189,18 @@ impl CompiledPolicy {
             static_ctx,
             render_cache: cache::RenderCache::default(),
             plan_cache: cache::PlanCache::default(),
+            pod_security,
+            warnings,
         })
+    }
+    /// The strictest Pod Security level the injected content satisfies, and why no stricter one.
+    pub fn pod_security(&self) -> &PodSecurity {
+        &self.pod_security
+    }
+    /// What the policy will do that its author probably did not mean (reads of fields absent at
+    /// admission, privileged content driven by the pod).
+    pub fn warnings(&self) -> &[PolicyWarning] {
+        &self.warnings
     }
     /// Forgets the patches kept for pod shapes, so that the next pod of any shape is planned: for
     /// benchmarks of the first pod of a shape.
@@ -372,6 +407,13 @@ pub enum PolicyError {
         field: String,
         message: String,
     },
+    /// Content Pod Security `baseline` forbids, without `spec.allowPrivileged`.
+    #[error("policy {policy}: {field}: {message}")]
+    Privileged {
+        policy: String,
+        field: String,
+        message: String,
+    },
 }
 
 impl PolicyError {
@@ -382,6 +424,18 @@ impl PolicyError {
             PolicyError::Selector { .. } => "selector",
             PolicyError::DuplicateName { .. } => "duplicate_name",
             PolicyError::InvalidField { .. } => "invalid_field",
+            PolicyError::Privileged { .. } => "privileged",
+        }
+    }
+
+    /// The policy field the error is about.
+    pub fn field(&self) -> &str {
+        match self {
+            PolicyError::Template { field, .. }
+            | PolicyError::Selector { field, .. }
+            | PolicyError::DuplicateName { field, .. }
+            | PolicyError::InvalidField { field, .. }
+            | PolicyError::Privileged { field, .. } => field,
         }
     }
 }

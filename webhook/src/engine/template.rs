@@ -51,21 +51,38 @@ impl Deps {
     }
 }
 
-#[derive(Clone, Debug)]
-enum Seg {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Seg {
     Key(String),
     Index(usize),
 }
 
 /// A string that must be rendered per request.
 #[derive(Debug)]
-struct Hole {
+pub(crate) struct Hole {
     /// Where the string sits inside its item.
-    path: Vec<Seg>,
+    pub path: Vec<Seg>,
     /// The field path, also the template's name in the environment.
-    field: String,
+    pub field: String,
     /// Dotted variable paths the template reads, to name the undefined one in an error.
-    vars: Vec<String>,
+    pub vars: Vec<String>,
+}
+
+impl Hole {
+    /// True when the template reads `pod` (as opposed to only `namespace`).
+    pub fn reads_pod(&self) -> bool {
+        self.vars.iter().any(|v| v.split('.').next() == Some("pod"))
+    }
+
+    /// True when the string sits at `prefix` or below it inside its item.
+    pub fn under(&self, prefix: &[&str]) -> bool {
+        self.path.len() >= prefix.len()
+            && self
+                .path
+                .iter()
+                .zip(prefix)
+                .all(|(seg, key)| matches!(seg, Seg::Key(k) if k == key))
+    }
 }
 
 /// One injected list item (container, init container, volume, env var or volume mount).
@@ -87,6 +104,15 @@ impl TemplateItem {
     pub fn static_key(&self) -> Option<&str> {
         self.static_key.as_deref()
     }
+    /// The item with every static string rendered; a string that depends on the request still
+    /// holds its template source.
+    pub fn base(&self) -> &Value {
+        &self.base
+    }
+    /// The strings rendered per request.
+    pub fn holes(&self) -> &[Hole] {
+        &self.holes
+    }
 }
 
 /// One injected label or annotation.
@@ -101,6 +127,10 @@ impl TemplateString {
     /// The value, when it does not depend on the request.
     pub fn static_value(&self) -> Option<&str> {
         self.hole.is_none().then_some(self.base.as_str())
+    }
+    /// The template, when the value depends on the request.
+    pub fn hole(&self) -> Option<&Hole> {
+        self.hole.as_ref()
     }
 }
 
@@ -373,6 +403,55 @@ impl Templates {
             json: item.base_json.as_ref().map(Cow::Borrowed),
             field: Cow::Borrowed(&item.field),
         })
+    }
+}
+
+/// A stand-in for the pod (or namespace) that has every field but one: any attribute or index
+/// is another stand-in that renders as `x`, except the dotted path `absent`, which is undefined.
+#[derive(Debug)]
+struct Lacking {
+    path: String,
+    absent: String,
+}
+
+impl minijinja::value::Object for Lacking {
+    fn get_value(self: &std::sync::Arc<Self>, key: &JValue) -> Option<JValue> {
+        let key = match key.as_str() {
+            Some(k) => k.to_owned(),
+            None => key.to_string(),
+        };
+        let path = format!("{}.{key}", self.path);
+        (path != self.absent).then(|| {
+            JValue::from_object(Lacking {
+                path,
+                absent: self.absent.clone(),
+            })
+        })
+    }
+
+    fn render(self: &std::sync::Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("x")
+    }
+}
+
+impl Templates {
+    /// Whether `hole` still renders for a pod (and namespace) that has every field except the
+    /// dotted path `absent` (e.g. `pod.metadata.name`): false when the template needs it, true
+    /// when it guards the read (`| default(...)`, `is defined`). `statics` holds `policy` and
+    /// `values`. A template that fails on the stand-in for another reason counts as needing it.
+    pub fn renders_without(&self, hole: &Hole, absent: &str, statics: &JValue) -> bool {
+        let lacking = |root: &str| {
+            JValue::from_object(Lacking {
+                path: root.to_owned(),
+                absent: absent.to_owned(),
+            })
+        };
+        let ctx = minijinja::context! {
+            pod => lacking("pod"),
+            namespace => lacking("namespace"),
+            ..statics.clone()
+        };
+        render_one(&self.env, hole, &ctx).is_ok()
     }
 }
 

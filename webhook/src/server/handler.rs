@@ -16,7 +16,7 @@ use crate::engine::{
     self, CompiledPolicy, Decision, NamespaceContext, PodRequest, Selection, SkipReason,
 };
 use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
-use crate::server::WebhookConfig;
+use crate::server::{WebhookConfig, validate};
 use crate::store::{NamespaceStore, PolicyStore, namespace_context};
 
 /// The `policy` label of requests to `/inject/<name>` for a name no loaded policy has. Request
@@ -24,6 +24,10 @@ use crate::store::{NamespaceStore, PolicyStore, namespace_context};
 pub const UNKNOWN_POLICY_LABEL: &str = "_unknown";
 /// The `policy` label of the benchmark-only null handler.
 pub const NULL_POLICY_LABEL: &str = "_null";
+/// The path of the validating webhook for InjectionPolicies.
+pub const VALIDATE_PATH: &str = "/validate";
+/// The `policy` label of requests to [`VALIDATE_PATH`].
+pub const VALIDATE_POLICY_LABEL: &str = "_validate";
 
 /// What a completed, non-dry-run admission tells the outside world. Nothing implements a side
 /// effect today (the webhook is registered with `sideEffects: None`); the hook exists so that the
@@ -54,6 +58,7 @@ struct Inner {
     metrics: Arc<Metrics>,
     unknown: Arc<AdmissionMetrics>,
     null: Arc<AdmissionMetrics>,
+    validate: Arc<AdmissionMetrics>,
     hook: Option<Arc<dyn AdmissionHook>>,
 }
 
@@ -73,6 +78,7 @@ impl std::fmt::Debug for Handler {
 
 enum Route<'a> {
     Inject(&'a str),
+    Validate,
     Null(NullWork),
     NotFound,
 }
@@ -90,6 +96,7 @@ enum NullWork {
 
 enum Target<'a> {
     Policy(&'a str, Arc<CompiledPolicy>),
+    Validate,
     Unknown,
     Null(NullWork),
 }
@@ -104,6 +111,7 @@ impl Handler {
     ) -> Self {
         let unknown = metrics.admission(UNKNOWN_POLICY_LABEL);
         let null = metrics.admission(NULL_POLICY_LABEL);
+        let validate = metrics.admission(VALIDATE_POLICY_LABEL);
         Handler {
             inner: Arc::new(Inner {
                 config,
@@ -112,6 +120,7 @@ impl Handler {
                 metrics,
                 unknown,
                 null,
+                validate,
                 hook,
             }),
         }
@@ -140,6 +149,9 @@ impl Handler {
     }
 
     fn route<'p>(&self, path: &'p str) -> Route<'p> {
+        if path == VALIDATE_PATH {
+            return Route::Validate;
+        }
         if let Some(name) = path.strip_prefix("/inject/") {
             if !name.is_empty() && !name.contains('/') {
                 return Route::Inject(name);
@@ -166,10 +178,11 @@ impl Handler {
             Route::NotFound => {
                 return text(
                     StatusCode::NOT_FOUND,
-                    "no such endpoint; POST /inject/<policy>",
+                    "no such endpoint; POST /inject/<policy> or /validate",
                 );
             }
             Route::Null(work) => (Target::Null(work), Arc::clone(&self.inner.null)),
+            Route::Validate => (Target::Validate, Arc::clone(&self.inner.validate)),
             Route::Inject(name) => match self.policy(name).await {
                 Some(policy) => (
                     Target::Policy(name, policy),
@@ -187,6 +200,7 @@ impl Handler {
                     Err(e) => malformed(&e),
                 },
                 Target::Unknown => self.admit(None, &metrics, &body).await,
+                Target::Validate => validate_policy(&body),
                 Target::Policy(name, policy) => {
                     self.admit(Some((name, &policy)), &metrics, &body).await
                 }
@@ -374,6 +388,43 @@ impl Handler {
                     Outcome::Error,
                 )
             }
+        }
+    }
+}
+
+/// Answers the validating webhook: InjectionPolicy CREATE and UPDATE are judged by the compiler;
+/// any other operation (DELETE above all) is allowed, so that removing a policy never depends on
+/// Splice.
+fn validate_policy(body: &[u8]) -> (HttpResponse, Outcome) {
+    let review = match admission::parse_review(body) {
+        Ok(review) => review,
+        Err(e) => return malformed(&e),
+    };
+    if review.operation.injectable().is_none() {
+        return (allow(&review, None, &[]), Outcome::Allowed);
+    }
+    let Some(object) = review.object.as_ref() else {
+        tracing::debug!(uid = %review.uid, "rejected a policy review without an object");
+        let message = format!(
+            "request.object is missing for a {} of an InjectionPolicy",
+            review.operation.as_str()
+        );
+        return (text(StatusCode::BAD_REQUEST, &message), Outcome::BadRequest);
+    };
+    match validate::judge(object.get()) {
+        validate::Verdict::Admit(warnings) => {
+            let warnings: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+            (allow(&review, None, &warnings), Outcome::Allowed)
+        }
+        validate::Verdict::Refuse(message) => {
+            let body = admission::denied_response(
+                &review.api_version,
+                &review.kind,
+                &review.uid,
+                &message,
+                &[],
+            );
+            (json(body), Outcome::Denied)
         }
     }
 }

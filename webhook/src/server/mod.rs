@@ -1,8 +1,9 @@
 //! The HTTPS admission server: TLS from the swappable [`CertResolver`], HTTP/1.1 keep-alive,
-//! `POST /inject/<policy>`, and a graceful drain on shutdown.
+//! `POST /inject/<policy>`, `POST /validate` (InjectionPolicies), and a graceful drain on shutdown.
 
 mod conn;
 mod handler;
+pub mod validate;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,7 +18,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-pub use handler::{AdmissionHook, Admitted, Handler, NULL_POLICY_LABEL, UNKNOWN_POLICY_LABEL};
+pub use handler::{
+    AdmissionHook, Admitted, Handler, NULL_POLICY_LABEL, UNKNOWN_POLICY_LABEL, VALIDATE_PATH,
+    VALIDATE_POLICY_LABEL,
+};
 
 use crate::admin::Readiness;
 use crate::engine::Exclusions;
