@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
@@ -41,6 +43,7 @@ use super::ca::{self, CaError, KeyedCert, is_conflict};
 use super::rotation::{
     self, CA_SECRET, CaState, Observed, Phase, ReplicaReport, SERVING_SECRET, Step, Timing,
 };
+use super::validating::validating_configuration_name;
 
 /// Label of the per-replica report Leases.
 pub const REPLICA_LABEL: &str = "splice.dev/replica-report";
@@ -108,6 +111,8 @@ pub fn replica_lease_name(identity: &str) -> String {
 pub struct Keeper {
     pub secrets: Api<Secret>,
     pub configurations: Api<MutatingWebhookConfiguration>,
+    /// The policies' validating configuration carries the bundle too.
+    pub validating: Api<ValidatingWebhookConfiguration>,
     pub leases: Api<Lease>,
     pub namespace: String,
     pub names: Vec<String>,
@@ -139,6 +144,7 @@ impl Keeper {
         Keeper {
             secrets: Api::namespaced(client.clone(), &settings.namespace),
             configurations: Api::all(client.clone()),
+            validating: Api::all(client.clone()),
             leases: Api::namespaced(client.clone(), &settings.namespace),
             namespace: settings.namespace.clone(),
             names: settings.serving_names.clone(),
@@ -382,7 +388,8 @@ impl Keeper {
         }
     }
 
-    /// Since when every configuration of this instance's policies carries the state's bundle.
+    /// Since when every configuration of this instance's policies, and the validating one,
+    /// carries the state's bundle.
     async fn bundle_published_since(
         &self,
         seen: &mut Seen,
@@ -401,16 +408,24 @@ impl Keeper {
             .iter()
             .filter_map(|p| p.metadata.uid.clone())
             .collect();
-        let bundles: Vec<Option<String>> = listed
+        let validating = self
+            .validating
+            .get_opt(&validating_configuration_name(&self.namespace))
+            .await
+            .map_err(kube_err("the validating webhook configuration"))?;
+        let mutating = listed
             .items
             .iter()
             .filter(|c| c.owner_references().iter().any(|o| ours.contains(&o.uid)))
             .flat_map(|c| c.webhooks.clone().unwrap_or_default())
-            .map(|w| {
-                w.client_config
-                    .ca_bundle
-                    .and_then(|b| String::from_utf8(b.0).ok())
-            })
+            .map(|w| w.client_config);
+        let validating = validating
+            .into_iter()
+            .flat_map(|c| c.webhooks.unwrap_or_default())
+            .map(|w| w.client_config);
+        let bundles: Vec<Option<String>> = mutating
+            .chain(validating)
+            .map(|c| c.ca_bundle.and_then(|b| String::from_utf8(b.0).ok()))
             .collect();
         if !rotation::all_carry(&bundles, &wanted) {
             seen.published = None;
