@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -481,6 +482,17 @@ impl Setup {
 
     /// Like [`Setup::start`], with more `splice run` arguments.
     pub async fn start_with(prefix: &str, extra_args: &[&str]) -> Result<Self> {
+        Self::start_configured(prefix, |options| {
+            options.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        })
+        .await
+    }
+
+    /// Like [`Setup::start`], with the `splice run` options adjusted by `configure`.
+    pub async fn start_configured(
+        prefix: &str,
+        configure: impl FnOnce(&mut SpliceOptions),
+    ) -> Result<Self> {
         let client = splice_e2e::client().await?;
         install_crd(&client).await?;
         let instance = format!("{prefix}-{}", unique_suffix());
@@ -489,7 +501,7 @@ impl Setup {
             instance: instance.clone(),
         };
         let mut options = SpliceOptions::new(&splice_ns.name, &instance);
-        options.extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        configure(&mut options);
         let splice = Splice::start(options).await?;
         Ok(Setup {
             client,
@@ -521,4 +533,20 @@ pub fn sidecar_spec(instance: &str, container: &str, image: &str) -> Value {
         "namespaceSelector": {"matchLabels": {instance: "on"}},
         "template": {"containers": [{"name": container, "image": image}]}
     })
+}
+
+/// How many Warning Events with `reason` were recorded about the policy `policy`.
+pub async fn warning_events(client: &Client, policy: &str, reason: &str) -> Result<usize> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy)
+                && e.reason.as_deref() == Some(reason)
+                && e.type_.as_deref() == Some("Warning")
+        })
+        .count())
 }

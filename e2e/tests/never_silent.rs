@@ -10,9 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
@@ -102,18 +101,8 @@ async fn an_invalid_update_keeps_the_configuration_and_every_replica_serving_the
         dry_run_image(&ns).await?.as_deref(),
         Some("registry.invalid/proxy:1")
     );
-    let events: Api<Event> = Api::all(s.client.clone());
     wait_until(Duration::from_secs(20), "a Warning Event", || async {
-        Ok(events
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .any(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
-                    && e.type_.as_deref() == Some("Warning")
-                    && e.reason.as_deref() == Some("InvalidTemplate")
-            }))
+        Ok(warning_events(&s.client, &name, "InvalidTemplate").await? > 0)
     })
     .await?;
 

@@ -16,9 +16,8 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use operator::*;
@@ -31,69 +30,37 @@ use splice_e2e::{TestNamespace, dry_run, free_port, unique_suffix, wait_until};
 const VERDICT_WAIT: Duration = Duration::from_secs(90);
 const RESTRICTED: (&str, &str) = ("pod-security.kubernetes.io/enforce", "restricted");
 
-/// One test's Splice, probing every 2 s; dropped in field order: Splice stops, its policies go,
-/// then its namespace.
-struct Probed {
-    client: Client,
-    instance: String,
-    splice: Splice,
-    _cleanup: PolicyCleanup,
-    _splice_ns: TestNamespace,
-}
-
-impl Probed {
-    /// `url_port`: a port for `--webhook-url` other than the one Splice listens on.
-    async fn start(prefix: &str, url_port: Option<u16>) -> Result<Self> {
-        let client = splice_e2e::client().await?;
-        install_crd(&client).await?;
-        let instance = format!("{prefix}-{}", unique_suffix());
-        let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
-        let cleanup = PolicyCleanup {
-            instance: instance.clone(),
-        };
-        let mut options = SpliceOptions::new(&splice_ns.name, &instance);
+/// One test's Splice, probing every 2 s. `url_port`: a port for `--webhook-url` other than the
+/// one Splice listens on.
+async fn probed(prefix: &str, url_port: Option<u16>) -> Result<Setup> {
+    Setup::start_configured(prefix, |options| {
         options.url_port = url_port;
         options.extra_args = vec!["--probe-interval".into(), "2s".into()];
-        let splice = Splice::start(options).await?;
-        Ok(Probed {
-            client,
-            instance,
-            splice,
-            _cleanup: cleanup,
-            _splice_ns: splice_ns,
-        })
-    }
+    })
+    .await
+}
 
-    fn policy(&self, name: &str) -> String {
-        format!("{}-{name}", self.instance)
-    }
-
-    async fn apply(&self, name: &str, spec: Value) -> Result<()> {
-        apply_policy(&self.client, &self.instance, name, spec).await
-    }
-
-    /// Waits until the Verified condition has `reason` at the policy's current generation.
-    async fn verdict(&self, name: &str, reason: &str) -> Result<(InjectionPolicy, Condition)> {
-        let api: Api<InjectionPolicy> = Api::all(self.client.clone());
-        let deadline = tokio::time::Instant::now() + VERDICT_WAIT;
-        loop {
-            let p = api.get(name).await?;
-            if let Some(c) = condition(&p, "Verified")
-                && c.reason == reason
-                && c.observed_generation == p.metadata.generation
-            {
-                let c = c.clone();
-                return Ok((p, c));
-            }
-            if tokio::time::Instant::now() >= deadline {
-                bail!(
-                    "policy {name}: no Verified={reason} within {VERDICT_WAIT:?}; last status: {:?}; see {}",
-                    p.status,
-                    self.splice.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+/// Waits until the Verified condition has `reason` at the policy's current generation.
+async fn verdict(s: &Setup, name: &str, reason: &str) -> Result<(InjectionPolicy, Condition)> {
+    let api: Api<InjectionPolicy> = Api::all(s.client.clone());
+    let deadline = tokio::time::Instant::now() + VERDICT_WAIT;
+    loop {
+        let p = api.get(name).await?;
+        if let Some(c) = condition(&p, "Verified")
+            && c.reason == reason
+            && c.observed_generation == p.metadata.generation
+        {
+            let c = c.clone();
+            return Ok((p, c));
         }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "policy {name}: no Verified={reason} within {VERDICT_WAIT:?}; last status: {:?}; see {}",
+                p.status,
+                s.splice.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -123,31 +90,16 @@ fn restricted_spec(instance: &str) -> Value {
     })
 }
 
-async fn warning_events(client: &Client, policy: &str, reason: &str) -> Result<usize> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        })
-        .count())
-}
-
 #[tokio::test]
 async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_admission_until_the_policy_is_fixed()
 -> Result<()> {
-    let s = Probed::start("probe-psa", None).await?;
+    let s = probed("probe-psa", None).await?;
     let ns = TestNamespace::create("e2e-restricted", &[(&s.instance, "on"), RESTRICTED]).await?;
     let name = s.policy("netadmin");
     s.apply(&name, net_admin_spec(&s.instance)).await?;
     wait_policy(&s.client, &name, "True", Duration::from_secs(60)).await?;
 
-    let (p, c) = s.verdict(&name, "RejectedByAdmission").await?;
+    let (p, c) = verdict(&s, &name, "RejectedByAdmission").await?;
     println!("Verified: {}: {}", c.reason, c.message);
     assert_eq!(c.status, "False");
     for needle in [
@@ -179,7 +131,7 @@ async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_adm
     .await?;
 
     s.apply(&name, restricted_spec(&s.instance)).await?;
-    let (p, c) = s.verdict(&name, "Verified").await?;
+    let (p, c) = verdict(&s, &name, "Verified").await?;
     assert_eq!(c.status, "True");
     assert!(c.message.contains(&ns.name), "{}", c.message);
     let probe = p
@@ -222,7 +174,7 @@ async fn a_net_admin_init_container_in_a_restricted_namespace_is_rejected_by_adm
 #[tokio::test]
 async fn a_webhook_the_api_server_cannot_reach_is_reported_not_injected() -> Result<()> {
     // The webhook configuration names a port nothing listens on; the leader keeps running.
-    let s = Probed::start("probe-unreachable", Some(free_port()?)).await?;
+    let s = probed("probe-unreachable", Some(free_port()?)).await?;
     let ns = TestNamespace::create("e2e-app", &[(&s.instance, "on")]).await?;
     let name = s.policy("mesh");
     s.apply(
@@ -235,7 +187,7 @@ async fn a_webhook_the_api_server_cannot_reach_is_reported_not_injected() -> Res
     .await?;
     wait_policy(&s.client, &name, "True", Duration::from_secs(60)).await?;
 
-    let (p, c) = s.verdict(&name, "NotInjected").await?;
+    let (p, c) = verdict(&s, &name, "NotInjected").await?;
     println!("Verified: {}: {}", c.reason, c.message);
     assert_eq!(c.status, "False");
     assert!(c.message.contains(&ns.name), "{}", c.message);
@@ -291,7 +243,7 @@ impl Drop for VapGuard {
 #[tokio::test]
 async fn a_validating_admission_policy_refusing_a_label_the_policy_injects_is_named_in_rejected_by_admission()
 -> Result<()> {
-    let s = Probed::start("probe-vap", None).await?;
+    let s = probed("probe-vap", None).await?;
     let ns = TestNamespace::create("e2e-app", &[(&s.instance, "on")]).await?;
     let vap = format!("e2e-refuse-{}", unique_suffix());
     let _guard = VapGuard(vap.clone());
@@ -340,7 +292,7 @@ async fn a_validating_admission_policy_refusing_a_label_the_policy_injects_is_na
     .await?;
     wait_policy(&s.client, &name, "True", Duration::from_secs(60)).await?;
 
-    let (p, c) = s.verdict(&name, "RejectedByAdmission").await?;
+    let (p, c) = verdict(&s, &name, "RejectedByAdmission").await?;
     println!("Verified: {}: {}", c.reason, c.message);
     assert_eq!(c.status, "False");
     assert!(c.message.contains(&ns.name), "{}", c.message);

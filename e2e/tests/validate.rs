@@ -15,44 +15,27 @@ use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{InjectionPolicy, PodSecurityLevel};
-use splice_e2e::{TestNamespace, dry_run, unique_suffix, wait_until};
+use splice_e2e::{TestNamespace, dry_run, wait_until};
 
-struct Setup {
-    client: Client,
-    instance: String,
-    splice: Splice,
-    _cleanup: PolicyCleanup,
-    splice_ns: TestNamespace,
+/// One test's Splice (the shared [`Setup`]), once the API server calls its validating webhook.
+struct Validated(Setup);
+
+impl std::ops::Deref for Validated {
+    type Target = Setup;
+    fn deref(&self) -> &Setup {
+        &self.0
+    }
 }
 
-impl Setup {
+impl Validated {
     async fn start(prefix: &str) -> Result<Self> {
-        let client = splice_e2e::client().await?;
-        install_crd(&client).await?;
-        let instance = format!("{prefix}-{}", unique_suffix());
-        let splice_ns = TestNamespace::create("e2e-splice", &[]).await?;
-        let cleanup = PolicyCleanup {
-            instance: instance.clone(),
-        };
-        let splice = Splice::start(SpliceOptions::new(&splice_ns.name, &instance)).await?;
-        let s = Setup {
-            client,
-            instance,
-            splice,
-            _cleanup: cleanup,
-            splice_ns,
-        };
+        let s = Validated(Setup::start(prefix).await?);
         s.wait_validating().await?;
         Ok(s)
-    }
-
-    fn policy(&self, name: &str) -> String {
-        format!("{}-{name}", self.instance)
     }
 
     fn body(&self, name: &str, spec: &Value) -> Value {
@@ -120,11 +103,11 @@ impl Setup {
     }
 }
 
-impl Drop for Setup {
+impl Drop for Validated {
     fn drop(&mut self) {
         // The configuration is owned by the CRD, which outlives the test: remove this instance's.
         let name = format!("splice-validate-{}", self.splice_ns.name);
-        self.splice.kill();
+        self.0.splice.kill();
         splice_e2e::in_fresh_runtime(move |client| async move {
             let _ = Api::<ValidatingWebhookConfiguration>::all(client)
                 .delete(&name, &DeleteParams::default())
@@ -148,7 +131,7 @@ fn undefined_value_spec(instance: &str) -> Value {
 #[tokio::test]
 async fn a_live_policy_edited_to_an_undefined_value_is_refused_at_apply_with_the_field_path()
 -> Result<()> {
-    let s = Setup::start("val-undef").await?;
+    let s = Validated::start("val-undef").await?;
     let name = s.policy("mesh");
     s.apply(&name, &sidecar_spec(&s.instance, "static"), false)
         .await
@@ -179,7 +162,7 @@ async fn a_live_policy_edited_to_an_undefined_value_is_refused_at_apply_with_the
 
 #[tokio::test]
 async fn a_net_admin_policy_without_allow_privileged_is_refused_at_apply() -> Result<()> {
-    let s = Setup::start("val-priv").await?;
+    let s = Validated::start("val-priv").await?;
     let name = s.policy("net");
     let mut spec = json!({
         "namespaceSelector": {"matchLabels": {s.instance.as_str(): "on"}},
@@ -212,7 +195,7 @@ async fn a_net_admin_policy_without_allow_privileged_is_refused_at_apply() -> Re
 #[tokio::test]
 async fn a_policy_reading_the_pod_name_is_admitted_with_a_warning_and_leaves_a_deployments_pods_uninjected()
 -> Result<()> {
-    let s = Setup::start("val-name").await?;
+    let s = Validated::start("val-name").await?;
     let name = s.policy("named");
     let spec = sidecar_spec(&s.instance, "{{ pod.metadata.name }}");
     let manifest = serde_json::to_string(&s.body(&name, &spec))?;
