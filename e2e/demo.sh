@@ -23,7 +23,9 @@ kubectl get nodes
 
 step "Installing the InjectionPolicy CRD"
 kubectl apply --server-side --force-conflicts --field-manager=splice-demo -f "$root/deploy/crd.yaml"
-kubectl wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=30s
+# kubectl wait fails at once, instead of waiting, while the new CRD has no status yet.
+wait_for "the CRD to be established" 30 \
+  kubectl wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=5s
 
 step "Running the operator (splice run) outside the cluster"
 kubectl create namespace splice-system --dry-run=client -o yaml | kubectl apply -f - >/dev/null
@@ -61,6 +63,10 @@ kubectl -n shop wait --for=condition=Ready pod/debug --timeout=60s
 step "The pod as the API server stored it"
 kubectl -n shop get pod debug -o jsonpath='{"init containers: "}{.spec.initContainers[*].name}{"\ncontainers:      "}{.spec.containers[*].name}{"\nvolumes:         "}{.spec.volumes[*].name}{"\nsplice.dev/status: "}{.metadata.annotations.splice\.dev/status}{"\n"}'
 kubectl -n shop get pod debug
+
+step "The policy, verified end to end by the admission probe (a dry-run pod through the API server)"
+kubectl wait --for=condition=Verified ipol/mesh-proxy --timeout=90s
+kubectl get ipol mesh-proxy -o jsonpath='{range .status.conditions[?(@.type=="Verified")]}{.reason}: {.message}{"\n"}{end}'
 
 cat <<MSG
 
