@@ -491,6 +491,7 @@ async fn lead(
         },
         ca_bundle.clone(),
         leading.clone(),
+        Arc::clone(&metrics),
     ));
     let janitor_task = tokio::spawn(sweep_orphans(
         client.clone(),

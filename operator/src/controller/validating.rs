@@ -25,6 +25,7 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{MANAGED_BY_LABEL, MANAGER};
+use splice_webhook::metrics::Metrics;
 use splice_webhook::server::VALIDATE_PATH;
 use tokio::sync::watch;
 
@@ -40,6 +41,9 @@ const TIMEOUT_SECONDS: i32 = 5;
 const RESYNC: Duration = Duration::from_secs(300);
 /// Wait after a failed pass before the next.
 const RETRY: Duration = Duration::from_secs(5);
+
+/// `splice_reconcile_total{result}` of a failed write of the validating configuration.
+pub const ERROR_LABEL: &str = "validating_configuration_error";
 
 /// Name of the configuration of the Splice instance in `splice_namespace`.
 pub fn validating_configuration_name(splice_namespace: &str) -> String {
@@ -202,6 +206,7 @@ pub async fn maintain(
     writer: Writer,
     mut ca_bundle: watch::Receiver<Option<Arc<String>>>,
     leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 ) {
     let selector = match writer.policy_selector.as_deref().map(parse_label_selector) {
         None => None,
@@ -234,6 +239,7 @@ pub async fn maintain(
             },
             None => RESYNC,
             Some(bundle) => {
+                let started = std::time::Instant::now();
                 match ensure(
                     &api,
                     &crds,
@@ -247,6 +253,8 @@ pub async fn maintain(
                 {
                     Ok(()) => RESYNC,
                     Err(e) => {
+                        // Counted where failed policy reconciles are, so the same alert sees it.
+                        metrics.observe_reconcile(ERROR_LABEL, started.elapsed());
                         tracing::warn!(configuration = %name, error = %e, "could not write the validating webhook configuration; retrying");
                         RETRY
                     }
