@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine bench-controller
+.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
 
 all: build
 
@@ -51,3 +51,8 @@ bench-webhook: controlplane
 ## The controller at scale (1,000 policies, 10,000 pods on kwok nodes) on a control plane of its own.
 bench-controller: controlplane
 	e2e/bench/controller.sh
+
+## What a pod create pays for mutating admission, through the API server: nothing, Splice, agnhost
+## and an in-tree MutatingAdmissionPolicy side by side, on a control plane of its own.
+bench-admission: controlplane
+	e2e/bench/admission.sh

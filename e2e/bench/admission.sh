@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# `make bench-admission`: what one pod create pays for its mutating admission, measured through
+# the API server (server-side dry-run creates, nothing stored) on a control plane of its own, into
+# namespaces served by
+#   none    nothing (the baseline),
+#   splice  one InjectionPolicy of `splice run` (a --release build unless SPLICE_BIN is given),
+#   agnhost agnhost's Go sidecar webhook (/mutating-pods-sidecar),
+#   map     an in-tree MutatingAdmissionPolicy doing the same injection,
+# each adding the same sidecar container. admission.py interleaves the arms in rounds (sequential
+# creates, then concurrent ones) and prints p50/p90/p99 per arm and what each adds over `none`.
+#
+# Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-admission), SPLICE_PORT_BASE (default
+# 16640), ROUNDS (5), SEQUENTIAL (100 creates per arm and round), CONCURRENT (8 clients),
+# PER_CLIENT (25 creates each), SPLICE_BIN, OUT (also write the table there).
+set -euo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+export SPLICE_RUN_DIR=${SPLICE_RUN_DIR:-$HOME/.cache/splice/bench-admission}
+export SPLICE_PORT_BASE=${SPLICE_PORT_BASE:-16640}
+export KUBECONFIG=$SPLICE_RUN_DIR/kubeconfig
+cp_dir="$repo/e2e/controlplane"
+log() { echo "bench: $*" >&2; }
+
+python3 -c 'import yaml' 2>/dev/null || { log "python3 with PyYAML is required (apt-get install python3-yaml)"; exit 1; }
+command -v openssl >/dev/null || { log "openssl is required"; exit 1; }
+
+if [ -z "${SPLICE_BIN:-}" ]; then
+  (cd "$repo" && cargo build -q --release -p splice)
+  SPLICE_BIN=$repo/target/release/splice
+fi
+"$cp_dir/build.sh" >/dev/null
+bin_dir=$("$cp_dir/build.sh" --print-bin-dir)
+kubectl="$bin_dir/kubectl"
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  "$cp_dir/down.sh" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$cp_dir/up.sh" >&2
+"$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
+# Right after the apply the CRD may have no conditions yet, which `kubectl wait` rejects.
+for _ in $(seq 1 60); do
+  "$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=2s >/dev/null 2>&1 && break
+  sleep 0.5
+done
+"$kubectl" create namespace splice-system >/dev/null
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Splice: the admission probe is off so that only the measured creates reach the webhook.
+port=$(free_port)
+admin=$(free_port)
+mkdir -p "$repo/target"
+splice_log=$repo/target/bench-admission-splice.log
+SPLICE_LOG=${SPLICE_LOG:-warn} "$SPLICE_BIN" run --namespace splice-system \
+  --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
+  --admin-listen "127.0.0.1:$admin" --policy-selector "e2e.splice.dev/instance=bench" \
+  --probe-interval 0 > "$splice_log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $splice_log"; exit 1; }
+
+# agnhost, with a throw-away certificate for 127.0.0.1.
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/key.pem" 2>/dev/null
+openssl req -x509 -new -key "$work/key.pem" -out "$work/cert.pem" -days 2 -subj "/CN=bench-agnhost" \
+  -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
+agnhost_port=$(free_port)
+"$bin_dir/agnhost" webhook --tls-cert-file "$work/cert.pem" --tls-private-key-file "$work/key.pem" \
+  --port "$agnhost_port" --sidecar-image registry.invalid/sidecar:1 > "$repo/target/bench-admission-agnhost.log" 2>&1 &
+pids+=($!)
+
+python3 "$repo/e2e/bench/admission.py" --kubeconfig "$KUBECONFIG" \
+  --agnhost-port "$agnhost_port" --agnhost-ca "$work/cert.pem" \
+  --rounds "${ROUNDS:-5}" --sequential "${SEQUENTIAL:-100}" \
+  --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"}
