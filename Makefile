@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine bench-controller
+.PHONY: all build controlplane up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller
 
 all: build
 
@@ -29,6 +29,10 @@ lint:
 unit:
 	cargo test --workspace --exclude splice-e2e
 
+## The alert rules: promtool check + unit tests, runbook links, the generated PrometheusRule.
+rules-test:
+	deploy/alerts/check.sh
+
 ## The e2e suite against a control plane it starts and always stops.
 e2e: controlplane
 	cargo build -p splice
@@ -36,7 +40,7 @@ e2e: controlplane
 	e2e/run-e2e.sh
 
 ## Everything CI runs.
-test: lint unit e2e
+test: lint unit rules-test e2e
 
 demo: controlplane
 	e2e/demo.sh
