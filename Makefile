@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build controlplane up down test lint unit e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
+.PHONY: all build controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
 
 all: build
 
@@ -15,6 +15,10 @@ build:
 ## Build the control-plane programs (cached outside the repo; a warm build does nothing).
 controlplane:
 	$(CP)/build.sh
+
+## helm, pinned in e2e/helm/go.mod, for the chart tests (cached like the control plane).
+helm:
+	e2e/helm/build.sh
 
 up: controlplane
 	$(CP)/up.sh
@@ -29,14 +33,18 @@ lint:
 unit:
 	cargo test --workspace --exclude splice-e2e
 
+## The alert rules: promtool check + unit tests, runbook links, the generated PrometheusRule.
+rules-test:
+	deploy/alerts/check.sh
+
 ## The e2e suite against a control plane it starts and always stops.
-e2e: controlplane
+e2e: controlplane helm
 	cargo build -p splice
 	cargo test -p splice-e2e --no-run
 	e2e/run-e2e.sh
 
 ## Everything CI runs.
-test: lint unit e2e
+test: lint unit rules-test e2e
 
 demo: controlplane
 	e2e/demo.sh

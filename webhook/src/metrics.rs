@@ -298,6 +298,9 @@ pub struct Metrics {
     /// Per policy: matched, current, outdated, missed pods (see `set_coverage`).
     coverage: ArcSwap<HashMap<String, [i64; 4]>>,
     probe: LabelMap<ProbeMetrics>,
+    /// 1 while this replica holds the leader Lease. Every replica exports it, so `max` over the
+    /// replicas says whether anyone leads (the "no leader" alert).
+    leader: AtomicI64,
 }
 
 /// The `state` label values of `splice_coverage_pods`, in the order `set_coverage` takes them.
@@ -319,7 +322,13 @@ impl Metrics {
             availability_guard: LabelMap::new(),
             coverage: ArcSwap::from_pointee(HashMap::new()),
             probe: LabelMap::new(),
+            leader: AtomicI64::new(0),
         }
+    }
+
+    /// Records whether this replica leads now.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.store(i64::from(leading), Ordering::Relaxed);
     }
 
     /// Replaces every policy's coverage gauges (counts in [`COVERAGE_STATES`] order); policies
@@ -496,6 +505,19 @@ impl Metrics {
 
         header(
             &mut out,
+            "splice_leader",
+            "gauge",
+            "1 while this replica holds the leader Lease, else 0.",
+        );
+        sample(
+            &mut out,
+            "splice_leader",
+            &[],
+            self.leader.load(Ordering::Relaxed),
+        );
+
+        header(
+            &mut out,
             "splice_availability_guard",
             "gauge",
             "1 for the availability guard's current state: available (Fail may be in force) or the reason it is not.",
@@ -658,6 +680,17 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_gauge_is_zero_until_the_replica_leads_and_again_after_it_stops() {
+        let metrics = Metrics::new();
+        let value = |m: &Metrics| line_value(&m.render(), "splice_leader");
+        assert_eq!(value(&metrics).as_deref(), Some("0"));
+        metrics.set_leader(true);
+        assert_eq!(value(&metrics).as_deref(), Some("1"));
+        metrics.set_leader(false);
+        assert_eq!(value(&metrics).as_deref(), Some("0"));
+    }
+
+    #[test]
     fn the_histogram_is_cumulative_and_its_count_matches_the_inf_bucket() {
         let metrics = Metrics::new();
         let m = metrics.admission("p");
@@ -805,6 +838,7 @@ mod tests {
             "splice_certificate_expiry_timestamp_seconds",
             "splice_probe_duration_seconds",
             "splice_probe_total",
+            "splice_leader",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
             assert!(text.contains(&format!("# HELP {name} ")), "{name} missing");

@@ -418,6 +418,7 @@ async fn supervise_leadership(
             return;
         }
         tracing::info!("leading: starting the controller");
+        metrics.set_leader(true);
         let work = tokio::spawn(lead(
             client.clone(),
             settings.clone(),
@@ -428,6 +429,7 @@ async fn supervise_leadership(
         let lost = leading.wait_for(|l| !*l).await.is_err();
         work.abort();
         let _ = work.await;
+        metrics.set_leader(false);
         tracing::info!("no longer leading: controller stopped");
         if lost {
             return;
