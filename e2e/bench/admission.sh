@@ -31,6 +31,7 @@ fi
 "$cp_dir/build.sh" >/dev/null
 bin_dir=$("$cp_dir/build.sh" --print-bin-dir)
 kubectl="$bin_dir/kubectl"
+source "$repo/e2e/bench/common.sh"
 
 work=$(mktemp -d)
 pids=()
@@ -44,16 +45,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$cp_dir/up.sh" >&2
-"$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
-# Right after the apply the CRD may have no conditions yet, which `kubectl wait` rejects.
-for _ in $(seq 1 60); do
-  "$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=2s >/dev/null 2>&1 && break
-  sleep 0.5
-done
-"$kubectl" create namespace splice-system >/dev/null
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+bench_control_plane
 
 # Splice: the admission probe is off so that only the measured creates reach the webhook.
 port=$(free_port)
@@ -65,11 +57,7 @@ SPLICE_LOG=${SPLICE_LOG:-warn} "$SPLICE_BIN" run --namespace splice-system \
   --admin-listen "127.0.0.1:$admin" --policy-selector "e2e.splice.dev/instance=bench" \
   --probe-interval 0 > "$splice_log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 300); do
-  curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break
-  sleep 0.2
-done
-curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $splice_log"; exit 1; }
+wait_splice_ready "$admin" "$splice_log"
 
 # agnhost, with a throw-away certificate for 127.0.0.1.
 openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/key.pem" 2>/dev/null

@@ -34,6 +34,7 @@ if [ -z "${SPLICE_BIN:-}" ]; then
 fi
 "$cp_dir/build.sh" >/dev/null
 kubectl="$("$cp_dir/build.sh" --print-bin-dir)/kubectl"
+source "$repo/e2e/bench/common.sh"
 
 splice_pid=""
 cleanup() {
@@ -45,16 +46,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$cp_dir/up.sh" >&2
-"$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
-# Right after the apply the CRD may have no conditions yet, which `kubectl wait` rejects.
-for _ in $(seq 1 60); do
-  "$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=2s >/dev/null 2>&1 && break
-  sleep 0.5
-done
-"$kubectl" create namespace splice-system >/dev/null
+bench_control_plane
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 port=$(free_port)
 admin=$(free_port)
 instance=bench
@@ -67,11 +60,7 @@ SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
   $([ "${PROBE:-1}" = 0 ] && echo --probe-interval 0) \
   > "$splice_log" 2>&1 &
 splice_pid=$!
-for _ in $(seq 1 300); do
-  if curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
-curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null || { log "splice run did not become ready; see $splice_log"; exit 1; }
+wait_splice_ready "$admin" "$splice_log"
 
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \

@@ -1,0 +1,26 @@
+# Shared by the benchmarks that run on a control plane of their own (controller.sh, admission.sh):
+# source it after setting cp_dir, kubectl and SPLICE_BIN.
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Brings the control plane up, installs the InjectionPolicy CRD and creates splice-system.
+bench_control_plane() {
+  "$cp_dir/up.sh" >&2
+  "$SPLICE_BIN" crd | "$kubectl" apply --server-side -f - >/dev/null
+  # Right after the apply the CRD may have no conditions yet, which `kubectl wait` rejects.
+  for _ in $(seq 1 60); do
+    "$kubectl" wait --for=condition=Established crd/injectionpolicies.splice.dev --timeout=2s >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  "$kubectl" create namespace splice-system >/dev/null
+}
+
+# Waits until the `splice run` whose admin port is $1 is ready; $2 is its log, named on failure.
+wait_splice_ready() {
+  for _ in $(seq 1 300); do
+    curl -sf "http://127.0.0.1:$1/readyz" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "bench: splice run did not become ready; see $2" >&2
+  return 1
+}
