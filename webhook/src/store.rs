@@ -43,7 +43,11 @@ impl<T> SnapshotMap<T> {
 
     /// The entry named `name`, waiting up to `within` for a writer to add it.
     pub async fn wait_for(&self, name: &str, within: Duration) -> Option<Arc<T>> {
-        // Subscribed before the first look, so a write between the look and the wait still wakes.
+        // Nearly every request finds its entry: no subscription and no timer for those.
+        if let Some(found) = self.get(name) {
+            return Some(found);
+        }
+        // Subscribed before the next look, so a write between the look and the wait still wakes.
         let mut written = self.written.subscribe();
         let deadline = tokio::time::sleep(within);
         tokio::pin!(deadline);
