@@ -19,7 +19,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{InjectionPolicy, PodSecurityLevel};
-use splice_e2e::{TestNamespace, dry_run, wait_until};
+use splice_e2e::{dry_run, wait_until};
 
 /// One test's Splice (the shared [`Setup`]), once the API server calls its validating webhook.
 struct Validated(Setup);
@@ -217,7 +217,7 @@ async fn a_policy_reading_the_pod_name_is_admitted_with_a_warning_and_leaves_a_d
         status.warnings
     );
 
-    let ns = TestNamespace::create("e2e-app", &[(&s.instance, "on")]).await?;
+    let ns = s.app_namespace().await?;
     // A pod with a name is injected, with its name.
     wait_injecting(&s.client, &ns.name, &[], "sidecar").await?;
     let pods: Api<Pod> = ns.api();

@@ -194,7 +194,8 @@ struct Pods {
     generation: u64,
 }
 
-/// The namespaces' labels, from a metadata-only watch (also read by the admission probe).
+/// The namespaces' labels, from the leader's one metadata-only watch ([`watch_namespaces`]),
+/// read by coverage and by the admission probe.
 #[derive(Default)]
 pub(crate) struct Namespaces {
     pub contexts: HashMap<String, NamespaceContext>,
@@ -218,23 +219,19 @@ pub async fn run(
     client: Client,
     splice_namespace: String,
     policies: Policies,
+    namespaces: Arc<Mutex<Namespaces>>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
 ) {
     let pods = Arc::new(Mutex::new(Pods::default()));
-    let namespaces = Arc::new(Mutex::new(Namespaces::default()));
     let pod_task = tokio::spawn(watch_pods(Api::all(client.clone()), Arc::clone(&pods)));
-    let ns_task = tokio::spawn(watch_namespaces(
-        Api::all(client.clone()),
-        Arc::clone(&namespaces),
-    ));
     let Policies {
         cache: policies,
         mut listed,
         served,
     } = policies;
-    let _guard = AbortOnDrop(vec![pod_task, ns_task]);
+    let _guard = AbortOnDrop(vec![pod_task]);
     tracing::debug!("coverage: waiting for the policy cache");
     if listed.wait_for(|l| *l).await.is_err() {
         return;
@@ -413,7 +410,7 @@ pub async fn run(
     }
 }
 
-pub(crate) struct AbortOnDrop(pub Vec<tokio::task::JoinHandle<()>>);
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -498,7 +495,7 @@ pub(crate) async fn watch_namespaces(
                 s.contexts.remove(&n.name_any());
                 s.generation = s.generation.wrapping_add(1);
             }
-            Err(e) => tracing::warn!(error = %e, "watching namespaces for coverage"),
+            Err(e) => tracing::warn!(error = %e, "watching namespaces"),
         }
     }
 }

@@ -527,6 +527,12 @@ async fn lead(
     );
     let listed_for_probe = listed.clone();
     let served_for_probe = Arc::clone(&served);
+    // One namespace watch for coverage and the probe.
+    let namespaces = Arc::new(Mutex::new(coverage::Namespaces::default()));
+    let namespaces_task = tokio::spawn(coverage::watch_namespaces(
+        Api::all(client.clone()),
+        Arc::clone(&namespaces),
+    ));
     let coverage_task = tokio::spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
@@ -535,6 +541,7 @@ async fn lead(
             listed,
             served,
         },
+        Arc::clone(&namespaces),
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),
@@ -551,6 +558,7 @@ async fn lead(
                 listed: listed_for_probe,
                 served: Arc::clone(&served_for_probe),
             },
+            Arc::clone(&namespaces),
             Arc::clone(&ctx.metrics),
             ctx.recorder.clone(),
             ctx.leading.clone(),
@@ -582,6 +590,7 @@ async fn lead(
     janitor_task.abort();
     guard_task.abort();
     coverage_task.abort();
+    namespaces_task.abort();
     if let Some(task) = probe_task {
         task.abort();
     }

@@ -25,7 +25,7 @@ use splice_webhook::engine::{CompiledPolicy, Exclusions, NamespaceContext};
 use splice_webhook::metrics::Metrics;
 use tokio::sync::watch;
 
-use super::coverage::{self, AbortOnDrop, Namespaces, Policies};
+use super::coverage::{Namespaces, Policies};
 use super::render::webhook_name;
 use super::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
@@ -232,16 +232,11 @@ pub async fn run(
     client: Client,
     config: Config,
     policies: Policies,
+    namespaces: Arc<Mutex<Namespaces>>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: watch::Receiver<bool>,
 ) {
-    let namespaces = Arc::new(Mutex::new(Namespaces::default()));
-    let ns_task = tokio::spawn(coverage::watch_namespaces(
-        Api::all(client.clone()),
-        Arc::clone(&namespaces),
-    ));
-    let _guard = AbortOnDrop(vec![ns_task]);
     let Policies {
         cache,
         mut listed,
