@@ -28,10 +28,10 @@ down:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 unit:
-	cargo test --workspace --exclude splice-e2e
+	cargo test --workspace --exclude splice-e2e --all-features
 
 ## The alert rules: promtool check + unit tests, runbook links, the generated PrometheusRule.
 rules-test:
@@ -50,7 +50,7 @@ demo: controlplane
 	e2e/demo.sh
 
 bench-engine:
-	cargo bench -p splice-webhook --bench engine
+	cargo bench -p splice-engine --bench engine
 
 ## Splice's webhook vs agnhost's vs a null baseline, side by side (needs wrk; see e2e/bench/).
 bench-webhook: controlplane

@@ -95,7 +95,7 @@ if [ -n "${SPLICE_BIN:-}" ]; then
   splice=$SPLICE_BIN
 else
   log "building splice (release)"
-  (cd "$repo" && cargo build --release -p splice --quiet)
+  (cd "$repo" && cargo build --release -p splice --features bench-baselines --quiet)
   target_dir=$(cd "$repo" && cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   splice="$target_dir/release/splice"
 fi

@@ -1,7 +1,6 @@
 //! The `splice` binary. Thin: parse the command line, hand off to one module per subcommand.
 
 mod cli;
-mod controller;
 
 use clap::Parser;
 

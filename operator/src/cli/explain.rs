@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use serde::Serialize;
 use serde_json::Value;
 use splice_crds::PodSecurityLevel;
-use splice_webhook::engine::explain::{self as why, InjectionState, Verdict};
-use splice_webhook::engine::{
+use splice_engine::explain::{self as why, InjectionState, Verdict};
+use splice_engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
 };
 
@@ -187,7 +187,7 @@ pub(crate) struct PolicyReport {
 /// `splice.dev/status` annotation cannot be read.
 pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
     let text = inputs.pod.to_string();
-    let mut provenance: Provenance = engine::provenance(&text).map_err(|e| e.to_string())?;
+    let mut provenance: Provenance = splice_engine::provenance(&text).map_err(|e| e.to_string())?;
     let labels: BTreeMap<String, String> = inputs
         .pod
         .pointer("/metadata/labels")

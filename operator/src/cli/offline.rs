@@ -16,8 +16,8 @@ use splice_crds::{
     InjectionPolicySpec, MAX_INJECTED_CONTAINERS, MAX_INJECTED_ENV, MAX_INJECTED_MOUNTS,
     MAX_INJECTED_VOLUMES, MAX_VALUES, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy,
 };
-use splice_webhook::engine::{
-    self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, PodRequest,
+use splice_engine::{
+    self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
     Selection, SkipReason,
 };
 
@@ -716,14 +716,15 @@ pub(crate) fn call_webhook(
     };
     let text = serde_json::to_string(object)
         .map_err(|e| fail(format!("cannot serialize the object: {e}")))?;
+    let pod = Pod::parse(&text).map_err(|e| fail(e.to_string()))?;
     let request = PodRequest {
         operation: admission.operation,
-        object: &text,
+        object: &pod,
         namespace: admission.namespace,
         exclusions: admission.exclusions,
         selection: Selection::Evaluate,
     };
-    let decision = match engine::inject(&policy.compiled, &request) {
+    let decision = match splice_engine::inject(&policy.compiled, &request) {
         Ok(decision) => decision,
         // Render errors already name the policy and the template field.
         Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {

@@ -13,8 +13,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::parse_duration;
-use crate::controller::ca::Lifetimes;
-use crate::controller::rotation::{CA_SECRET, ROTATE_ANNOTATION, Timing};
+use splice_controller::certs::ca::Lifetimes;
+use splice_controller::certs::rotation::{CA_SECRET, ROTATE_ANNOTATION, Timing};
 
 /// Certificate lifetimes and rotation delays of `splice run`.
 #[derive(clap::Args, Debug)]

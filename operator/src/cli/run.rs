@@ -8,8 +8,8 @@ use anyhow::Context as _;
 use clap::ValueEnum;
 
 use super::parse_duration;
-use crate::controller::{
-    self, Settings, guard::GuardConfig, leader::LeaseConfig, render::ClientTarget,
+use splice_controller::{
+    self, Settings, guard::GuardConfig, leader::LeaseConfig, policy::render::ClientTarget,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -131,7 +131,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-    controller::run(client, settings, shutdown_signal()).await
+    splice_controller::run(client, settings, shutdown_signal()).await
 }
 
 fn settings(args: &Args) -> anyhow::Result<Settings> {

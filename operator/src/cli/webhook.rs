@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use splice_webhook::admin::{AdminServer, Readiness};
-use splice_webhook::metrics::Metrics;
-use splice_webhook::server::{WebhookConfig, WebhookServer};
-use splice_webhook::store::{NamespaceStore, PolicyStore};
-use splice_webhook::tls::CertResolver;
+use splice_server::admin::{AdminServer, Readiness};
+use splice_server::metrics::Metrics;
+use splice_server::server::{WebhookConfig, WebhookServer};
+use splice_server::store::{NamespaceStore, PolicyStore};
+use splice_server::tls::CertResolver;
 use tokio::net::TcpListener;
 
 use super::offline::{self, DEFAULT_SPLICE_NAMESPACE};
@@ -40,6 +40,8 @@ pub struct Args {
     splice_namespace: String,
     /// Also serve the benchmark baselines `POST /null` (allowed, without parsing the object) and
     /// `POST /null/read` (allowed after reading the review as /inject does, without the engine).
+    /// Only in a binary built with the `bench-baselines` feature.
+    #[cfg(feature = "bench-baselines")]
     #[arg(long)]
     null_handler: bool,
     /// Seconds to keep serving, not ready, after SIGTERM before closing the listener.
@@ -114,7 +116,10 @@ async fn serve(
     readiness.set_caches_synced(true);
 
     let mut config = WebhookConfig::new(&args.splice_namespace);
-    config.null_handler = args.null_handler;
+    #[cfg(feature = "bench-baselines")]
+    {
+        config.null_handler = args.null_handler;
+    }
     // Static policies and no namespace watch: nothing would arrive by waiting.
     config.cache_wait = None;
     config.shutdown_delay = Duration::from_secs(args.shutdown_delay);
@@ -146,7 +151,6 @@ async fn serve(
         listen = %listener.local_addr().unwrap_or(args.listen),
         admin = ?admin_listener.as_ref().and_then(|l| l.local_addr().ok()),
         policies = ?names,
-        null_handler = args.null_handler,
         "splice webhook serving"
     );
 

@@ -11,8 +11,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
-use splice_webhook::engine::CompiledPolicy;
-use splice_webhook::server::Handler;
+use splice_engine::CompiledPolicy;
+use splice_server::server::Handler;
 
 const POLICY: &str = include_str!("../../testdata/policy-sidecar.yaml");
 

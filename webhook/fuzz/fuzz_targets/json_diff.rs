@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde::de::IgnoredAny;
-use splice_webhook::json;
+use splice_json as json;
 
 fuzz_target!(|data: &[u8]| {
     let ours = json::utf8(data).and_then(json::validate);
@@ -29,7 +29,7 @@ fuzz_target!(|data: &[u8]| {
         _ => panic!("string acceptance differs: cursor {ours:?} vs serde {theirs:?}"),
     }
 
-    if let Err(e) = splice_webhook::engine::oracle_check_views(text) {
+    if let Err(e) = splice_engine::oracle_check_views(text) {
         panic!("views differ: {e}");
     }
 });

@@ -1,0 +1,636 @@
+//! Coverage: how many of the pods a policy selects carry its injection, with the current or an
+//! outdated template, and how many it missed. The leader keeps a metadata-only watch on every pod
+//! (a compact record each: namespace, labels, creation time, the hashes in `splice.dev/status`),
+//! counts every policy once per pass when something changed, exports the counts as
+//! `splice_coverage_pods{policy,state}` and writes `status.coverage` only when a count changed.
+//!
+//! "Matched" is defined so that it can be honest: pods are only injected when created, so a pod
+//! that existed before the policy's webhook configuration was in force is not expected to carry
+//! it. A selected pod counts as matched when it carries the policy's injection (any template), or
+//! when it was created after the WebhookConfigured condition turned True (plus a grace period for
+//! the API server to load the configuration) without carrying it: that pod is "missed", e.g.
+//! admitted while the webhook was unreachable under failurePolicy Ignore.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use splice_crds::{Coverage, InjectionPolicy, STATUS_ANNOTATION, condition};
+use splice_engine::explain::{selects_namespace, selects_pod};
+use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
+use splice_server::metrics::Metrics;
+use splice_server::store::PolicyStore;
+use tokio::sync::watch;
+
+/// The field manager of `status.coverage`: its own, so the reconciler's server-side apply of the
+/// rest of the status (manager `splice`) neither removes nor fights over it.
+pub const COVERAGE_MANAGER: &str = "splice-coverage";
+/// One counting pass at most this often, so pod churn costs at most one status write per policy
+/// per period, and an idle cluster none.
+pub const PERIOD: Duration = Duration::from_secs(5);
+/// Time the API server may take to start calling a freshly written webhook configuration; an
+/// uninjected pod created within it is not counted as missed.
+pub const IN_FORCE_GRACE: Duration = Duration::from_secs(10);
+/// Missed pods named in an Event.
+const EXAMPLES: usize = 5;
+
+/// What coverage keeps of one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRecord {
+    pub namespace: Arc<str>,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub created: Option<Timestamp>,
+    /// (policy, template hash) for each entry of `splice.dev/status`.
+    pub injected: Vec<(String, String)>,
+}
+
+impl PodRecord {
+    fn recorded_hash(&self, policy: &str) -> Option<&str> {
+        self.injected
+            .iter()
+            .find(|(p, _)| p == policy)
+            .map(|(_, h)| h.as_str())
+    }
+}
+
+/// The counts for one policy, and a few missed pods to name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Count {
+    pub coverage: Coverage,
+    pub missed_examples: Vec<String>,
+}
+
+/// Counts the pods `policy` selects. `in_force_since` is when its webhook configuration was put
+/// in force (`None`: it is not, so no pod can have been missed).
+pub fn count<'a>(
+    policy: &CompiledPolicy,
+    in_force_since: Option<Timestamp>,
+    namespaces: &HashMap<String, NamespaceContext>,
+    exclusions: &Exclusions,
+    pods: impl IntoIterator<Item = &'a PodRecord>,
+) -> Count {
+    let hash = policy.template_hash();
+    let expects_creates = policy
+        .spec()
+        .operations
+        .contains(&splice_crds::Operation::Create);
+    let missable_after = in_force_since.and_then(|t| t.checked_add(IN_FORCE_GRACE).ok());
+    let mut namespace_selected: HashMap<&str, bool> = HashMap::new();
+    let mut out = Count::default();
+    for pod in pods {
+        let ns_ok = *namespace_selected.entry(&pod.namespace).or_insert_with(|| {
+            let fallback;
+            let context = match namespaces.get(&*pod.namespace) {
+                Some(c) => c,
+                None => {
+                    // Not seen yet: its name is all selectors can use (the implied label).
+                    fallback = NamespaceContext {
+                        name: pod.namespace.to_string(),
+                        ..NamespaceContext::default()
+                    };
+                    &fallback
+                }
+            };
+            selects_namespace(policy, context, exclusions)
+        });
+        if !ns_ok || !selects_pod(policy, &pod.labels) {
+            continue;
+        }
+        let c = &mut out.coverage;
+        match pod.recorded_hash(policy.name()) {
+            Some(h) if h == hash => {
+                c.matched += 1;
+                c.current += 1;
+            }
+            Some(_) => {
+                c.matched += 1;
+                c.outdated += 1;
+            }
+            None => {
+                let after = match (pod.created, missable_after) {
+                    (Some(created), Some(since)) => created >= since,
+                    _ => false,
+                };
+                if after && expects_creates {
+                    c.matched += 1;
+                    c.missed += 1;
+                    if out.missed_examples.len() < EXAMPLES {
+                        out.missed_examples
+                            .push(format!("{}/{}", pod.namespace, pod.name));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// When the policy's WebhookConfigured condition last turned True, if it is True.
+pub fn in_force_since(policy: &InjectionPolicy) -> Option<Timestamp> {
+    let status = policy.status.as_ref()?;
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::WEBHOOK_CONFIGURED)?;
+    (c.status == "True" && !policy.spec.paused).then_some(c.last_transition_time.0)
+}
+
+/// Reads the pod's record from its metadata; `None` for a pod without a namespace.
+pub fn record(
+    meta: &PartialObjectMeta<Pod>,
+    interned: &mut HashMap<String, Arc<str>>,
+) -> Option<PodRecord> {
+    let ns = meta.metadata.namespace.as_deref()?;
+    let namespace = match interned.get(ns) {
+        Some(n) => Arc::clone(n),
+        None => {
+            let n: Arc<str> = Arc::from(ns);
+            interned.insert(ns.to_owned(), Arc::clone(&n));
+            n
+        }
+    };
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        hash: String,
+    }
+    let injected = meta
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATUS_ANNOTATION))
+        .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
+        .map(|m| m.into_iter().map(|(p, e)| (p, e.hash)).collect())
+        .unwrap_or_default();
+    Some(PodRecord {
+        namespace,
+        name: meta.name_any(),
+        labels: meta.metadata.labels.clone().unwrap_or_default(),
+        created: meta.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        injected,
+    })
+}
+
+/// (uid, generation, compiled policy).
+type CompiledEntry = (Option<String>, Option<i64>, Arc<CompiledPolicy>);
+/// (pod generation, namespace generation, (policy, resourceVersion)…): what the last pass saw.
+type Seen = (u64, u64, Vec<(String, Option<String>)>);
+
+#[derive(Default)]
+struct Pods {
+    records: HashMap<(Arc<str>, String), Arc<PodRecord>>,
+    interned: HashMap<String, Arc<str>>,
+    synced: bool,
+    generation: u64,
+}
+
+/// The namespaces' labels, from the leader's one metadata-only watch ([`watch_namespaces`]),
+/// read by coverage and by the admission probe.
+#[derive(Default)]
+pub struct Namespaces {
+    pub contexts: HashMap<String, NamespaceContext>,
+    pub synced: bool,
+    /// Bumped on every change.
+    pub generation: u64,
+}
+
+/// Where coverage finds the policies.
+pub struct Policies {
+    /// The controller's cache, shared (a reflector of its own would hold every policy twice).
+    pub cache: Store<InjectionPolicy>,
+    /// True once `cache` holds the first full list.
+    pub listed: watch::Receiver<bool>,
+    /// The webhook's compiled policies, reused rather than compiled again.
+    pub served: Arc<PolicyStore>,
+}
+
+/// The leader's coverage loop; cancelled with the rest of the leader's work.
+pub async fn run(
+    client: Client,
+    splice_namespace: String,
+    policies: Policies,
+    namespaces: Arc<Mutex<Namespaces>>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    leading: watch::Receiver<bool>,
+) {
+    let pods = Arc::new(Mutex::new(Pods::default()));
+    let pod_task = tokio::spawn(watch_pods(Api::all(client.clone()), Arc::clone(&pods)));
+    let Policies {
+        cache: policies,
+        mut listed,
+        served,
+    } = policies;
+    let _guard = AbortOnDrop(vec![pod_task]);
+    tracing::debug!("coverage: waiting for the policy cache");
+    if listed.wait_for(|l| *l).await.is_err() {
+        return;
+    }
+    tracing::debug!("coverage: counting");
+    let exclusions = Exclusions::default_for(&splice_namespace);
+    let api: Api<InjectionPolicy> = Api::all(client);
+    let mut compiled: HashMap<String, CompiledEntry> = HashMap::new();
+    // What this replica last wrote per policy (uid, coverage), until the cache shows it.
+    let mut written: HashMap<String, (Option<String>, Coverage)> = HashMap::new();
+    let mut last_seen: Option<Seen> = None;
+    let mut ticker = tokio::time::interval(PERIOD);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let all = policies.state();
+        let mut fingerprint: Vec<(String, Option<String>)> = all
+            .iter()
+            .map(|p| (p.name_any(), p.resource_version()))
+            .collect();
+        fingerprint.sort();
+        let (pods_gen, pods_synced) = {
+            let p = pods.lock().unwrap_or_else(PoisonError::into_inner);
+            (p.generation, p.synced)
+        };
+        let (ns_gen, ns_synced, contexts) = {
+            let n = namespaces.lock().unwrap_or_else(PoisonError::into_inner);
+            (n.generation, n.synced, n.contexts.clone())
+        };
+        if !pods_synced || !ns_synced {
+            tracing::debug!(
+                pods_synced,
+                ns_synced,
+                "coverage: waiting for the pod and namespace lists"
+            );
+            continue;
+        }
+        let seen = (pods_gen, ns_gen, fingerprint);
+        if last_seen.as_ref() == Some(&seen) {
+            continue;
+        }
+        last_seen = Some(seen);
+
+        let mut work = Vec::with_capacity(all.len());
+        for policy in &all {
+            let name = policy.name_any();
+            let key = (policy.uid(), policy.metadata.generation);
+            // The webhook's own compilation of this generation, when it has it: a second one per
+            // policy (templates, selectors, render caches) would double that memory.
+            if let Some(c) = served.get(&name).filter(|c| Some(c.generation()) == key.1) {
+                compiled.remove(&name);
+                work.push((Arc::clone(policy), c));
+                continue;
+            }
+            let c = match compiled.get(&name) {
+                Some((uid, generation, c)) if (uid, generation) == (&key.0, &key.1) => {
+                    Arc::clone(c)
+                }
+                _ => {
+                    match CompiledPolicy::compile(&name, key.1.unwrap_or_default(), &policy.spec) {
+                        Ok(c) => {
+                            let c = Arc::new(c);
+                            compiled.insert(name.clone(), (key.0, key.1, Arc::clone(&c)));
+                            c
+                        }
+                        // The reconciler reports an invalid policy; nothing is injected for it.
+                        Err(_) => continue,
+                    }
+                }
+            };
+            work.push((Arc::clone(policy), c));
+        }
+        // A snapshot of Arcs, so the pod watch is never blocked for the length of a pass.
+        let snapshot: Vec<Arc<PodRecord>> = pods
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .records
+            .values()
+            .cloned()
+            .collect();
+        let excl = exclusions.clone();
+        let started = std::time::Instant::now();
+        // Policies × pods is CPU work: off the async workers, which also serve admissions.
+        let pass = tokio::task::spawn_blocking(move || {
+            let mut gauges = HashMap::new();
+            let mut results = Vec::with_capacity(work.len());
+            for (policy, c) in work {
+                let n = count(
+                    &c,
+                    in_force_since(&policy),
+                    &contexts,
+                    &excl,
+                    snapshot.iter().map(|r| &**r),
+                );
+                let cv = n.coverage;
+                gauges.insert(
+                    c.name().to_owned(),
+                    [cv.matched, cv.current, cv.outdated, cv.missed],
+                );
+                results.push((policy, n));
+            }
+            (gauges, results)
+        })
+        .await;
+        let Ok((gauges, results)) = pass else {
+            return;
+        };
+        tracing::debug!(
+            policies = results.len(),
+            pods = pods_gen,
+            took = ?started.elapsed(),
+            "coverage pass"
+        );
+        compiled.retain(|name, _| gauges.contains_key(name));
+        compiled.shrink_to_fit();
+        written.retain(|name, _| gauges.contains_key(name));
+        metrics.set_coverage(gauges);
+
+        for (policy, n) in results {
+            let name = policy.name_any();
+            let cached = policy.status.as_ref().and_then(|s| s.coverage);
+            let known = match written.get(&name) {
+                Some((uid, cv)) if uid == &policy.uid() && cached != Some(*cv) => Some(*cv),
+                _ => cached,
+            };
+            // An absent coverage reads as zero, so a policy that matches nothing costs no write.
+            let before = known.unwrap_or_default();
+            if before == n.coverage {
+                continue;
+            }
+            if !*leading.borrow() {
+                return;
+            }
+            let patch = serde_json::json!({
+                "apiVersion": InjectionPolicy::api_version(&()),
+                "kind": InjectionPolicy::kind(&()),
+                "status": { "coverage": n.coverage },
+            });
+            match api
+                .patch_status(
+                    &name,
+                    &PatchParams::apply(COVERAGE_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
+                Ok(_) => {
+                    written.insert(name.clone(), (policy.uid(), n.coverage));
+                }
+                Err(e) => {
+                    tracing::warn!(policy = %name, error = %e, "could not write status.coverage");
+                    // Look again next pass even if nothing else changes.
+                    last_seen = None;
+                    continue;
+                }
+            }
+            if n.coverage.missed > before.missed {
+                let note = format!(
+                    "{} pod(s) this policy selects were admitted without its injection (e.g. {}): \
+                     the webhook was unreachable or failed open. Recreate them to inject.",
+                    n.coverage.missed,
+                    n.missed_examples.join(", ")
+                );
+                let ev = Event {
+                    type_: EventType::Warning,
+                    reason: "PodsMissed".into(),
+                    note: Some(note),
+                    action: "CountCoverage".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
+                    tracing::warn!(policy = %name, error = %e, "could not publish the PodsMissed Event");
+                }
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
+    let mut listing: Vec<PartialObjectMeta<Pod>> = Vec::new();
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    while let Some(event) = events.next().await {
+        let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = &mut *s;
+        match event {
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(p)) => listing.push(p),
+            Ok(watcher::Event::InitDone) => {
+                s.records.clear();
+                for p in listing.drain(..) {
+                    if let Some(r) = record(&p, &mut s.interned) {
+                        s.records
+                            .insert((Arc::clone(&r.namespace), r.name.clone()), Arc::new(r));
+                    }
+                }
+                s.synced = true;
+                s.generation = s.generation.wrapping_add(1);
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                if let Some(r) = record(&p, &mut s.interned) {
+                    let key = (Arc::clone(&r.namespace), r.name.clone());
+                    if s.records.get(&key).map(|x| &**x) != Some(&r) {
+                        s.records.insert(key, Arc::new(r));
+                        s.generation = s.generation.wrapping_add(1);
+                    }
+                }
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                if let Some(r) = record(&p, &mut s.interned) {
+                    s.records.remove(&(r.namespace, r.name));
+                    s.generation = s.generation.wrapping_add(1);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "watching pod metadata for coverage"),
+        }
+    }
+}
+
+pub(crate) async fn watch_namespaces(
+    api: Api<PartialObjectMeta<Namespace>>,
+    state: Arc<Mutex<Namespaces>>,
+) {
+    let mut listing: Vec<PartialObjectMeta<Namespace>> = Vec::new();
+    let context = |n: &PartialObjectMeta<Namespace>| NamespaceContext {
+        name: n.name_any(),
+        labels: n.metadata.labels.clone().unwrap_or_default(),
+        annotations: BTreeMap::new(),
+    };
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    while let Some(event) = events.next().await {
+        let mut s = state.lock().unwrap_or_else(PoisonError::into_inner);
+        match event {
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(n)) => listing.push(n),
+            Ok(watcher::Event::InitDone) => {
+                s.contexts = listing
+                    .drain(..)
+                    .map(|n| (n.name_any(), context(&n)))
+                    .collect();
+                s.synced = true;
+                s.generation = s.generation.wrapping_add(1);
+            }
+            Ok(watcher::Event::Apply(n)) => {
+                let c = context(&n);
+                if s.contexts.get(&c.name) != Some(&c) {
+                    s.contexts.insert(c.name.clone(), c);
+                    s.generation = s.generation.wrapping_add(1);
+                }
+            }
+            Ok(watcher::Event::Delete(n)) => {
+                s.contexts.remove(&n.name_any());
+                s.generation = s.generation.wrapping_add(1);
+            }
+            Err(e) => tracing::warn!(error = %e, "watching namespaces"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use splice_crds::InjectionPolicySpec;
+
+    use super::*;
+
+    fn policy(yaml: &str) -> CompiledPolicy {
+        let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
+        CompiledPolicy::compile("mesh", 1, &spec).unwrap()
+    }
+
+    fn pod(
+        ns: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        created: i64,
+        hash: Option<&str>,
+    ) -> PodRecord {
+        PodRecord {
+            namespace: Arc::from(ns),
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            created: Some(Timestamp::from_second(created).unwrap()),
+            injected: hash
+                .map(|h| vec![("mesh".to_owned(), h.to_owned())])
+                .unwrap_or_default(),
+        }
+    }
+
+    fn at(s: i64) -> Option<Timestamp> {
+        Some(Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn pods_are_counted_as_current_outdated_or_missed() {
+        let p = policy("objectSelector: {matchLabels: {app: web}}\ntemplate: {labels: {a: b}}\n");
+        let h = p.template_hash().to_owned();
+        let pods = [
+            pod("shop", "current", &[("app", "web")], 2000, Some(&h)),
+            pod("shop", "outdated", &[("app", "web")], 500, Some("old")),
+            pod("shop", "missed", &[("app", "web")], 2000, None),
+            pod("shop", "before", &[("app", "web")], 500, None),
+            pod("shop", "in-grace", &[("app", "web")], 1005, None),
+            pod("shop", "other", &[("app", "api")], 2000, None),
+            pod("kube-system", "excluded", &[("app", "web")], 2000, None),
+        ];
+        let n = count(
+            &p,
+            at(1000),
+            &HashMap::new(),
+            &Exclusions::default_for("splice-system"),
+            &pods,
+        );
+        assert_eq!(
+            n.coverage,
+            Coverage {
+                matched: 3,
+                current: 1,
+                outdated: 1,
+                missed: 1
+            }
+        );
+        assert_eq!(n.missed_examples, ["shop/missed"]);
+    }
+
+    #[test]
+    fn without_a_configuration_in_force_nothing_is_missed() {
+        let p = policy("{}\n");
+        let pods = [pod("shop", "a", &[], 2000, None)];
+        let n = count(
+            &p,
+            None,
+            &HashMap::new(),
+            &Exclusions::default_for("s"),
+            &pods,
+        );
+        assert_eq!(n.coverage, Coverage::default());
+    }
+
+    #[test]
+    fn an_update_only_policy_misses_no_pod() {
+        let p = policy("operations: [UPDATE]\n");
+        let pods = [pod("shop", "a", &[], 2000, None)];
+        let n = count(
+            &p,
+            at(0),
+            &HashMap::new(),
+            &Exclusions::default_for("s"),
+            &pods,
+        );
+        assert_eq!(n.coverage.missed, 0);
+    }
+
+    #[test]
+    fn namespace_labels_come_from_the_namespace_records() {
+        let p = policy("namespaceSelector: {matchLabels: {mesh: on}}\n");
+        let pods = [
+            pod("a", "x", &[], 2000, None),
+            pod("b", "y", &[], 2000, None),
+        ];
+        let mut namespaces = HashMap::new();
+        namespaces.insert(
+            "a".to_owned(),
+            NamespaceContext {
+                name: "a".into(),
+                labels: [("mesh".to_owned(), "on".to_owned())].into(),
+                ..Default::default()
+            },
+        );
+        let n = count(&p, at(0), &namespaces, &Exclusions::default_for("s"), &pods);
+        assert_eq!(n.coverage.missed, 1);
+        assert_eq!(n.missed_examples, ["a/x"]);
+    }
+
+    #[test]
+    fn a_pod_record_keeps_the_hashes_of_its_status_annotation() {
+        let mut meta = PartialObjectMeta::<Pod>::default();
+        meta.metadata.namespace = Some("shop".into());
+        meta.metadata.name = Some("web".into());
+        meta.metadata.annotations = Some(
+            [(
+                STATUS_ANNOTATION.to_owned(),
+                r#"{"mesh":{"hash":"h1","containers":["proxy"]}}"#.to_owned(),
+            )]
+            .into(),
+        );
+        let r = record(&meta, &mut HashMap::new()).unwrap();
+        assert_eq!(r.injected, [("mesh".to_owned(), "h1".to_owned())]);
+        assert_eq!(r.recorded_hash("mesh"), Some("h1"));
+    }
+}

@@ -1,0 +1,14 @@
+//! One InjectionPolicy turned into what serves it: the webhook configuration the API server calls,
+//! the policy's status and Events, the ValidatingWebhookConfiguration that checks policies at
+//! apply. Pure decisions in [`render`], [`conditions`], [`conflicts`], [`neighbours`] and
+//! [`serving`] (which generation is in force); API calls in [`reconcile`] and [`validating`].
+
+pub mod conditions;
+pub mod conflicts;
+pub mod neighbours;
+pub mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
+pub mod render;
+pub mod serving;
+pub mod validating;

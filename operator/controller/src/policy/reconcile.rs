@@ -1,0 +1,448 @@
+//! One reconcile of one policy: decide, write only what differs, report.
+//!
+//! Every write (webhook configuration, status, Event) is preceded by a comparison with what is
+//! already there, so a policy in its steady state costs reads only; and by a check that this
+//! replica still leads, so a replica that lost the lease stops writing even before its task is
+//! cancelled.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use splice_crds::{
+    FailurePolicy, InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
+};
+use splice_engine::PolicyError;
+
+use super::conditions::{
+    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, effective_failure_policy,
+    planned_events,
+};
+use super::conflicts::conflicts_of;
+use super::render::{
+    RenderContext, RenderError, is_up_to_date, render, webhook_configuration_name,
+};
+use super::serving::{InForce, in_force};
+use crate::Context;
+use crate::retry::backoff;
+
+/// How often a policy in its steady state is looked at again, as a safety net under the watches.
+pub const RESYNC: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("this replica is not the leader")]
+    NotLeader,
+    #[error("the webhook CA is not loaded yet")]
+    NoCertificate,
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error("writing MutatingWebhookConfiguration {name}: {source}")]
+    Apply { name: String, source: kube::Error },
+    #[error("removing MutatingWebhookConfiguration {name}: {source}")]
+    Remove { name: String, source: kube::Error },
+    #[error("reading MutatingWebhookConfiguration {name}: {source}")]
+    Read { name: String, source: kube::Error },
+    #[error("writing the status of policy {name}: {source}")]
+    Status { name: String, source: kube::Error },
+}
+
+impl Error {
+    /// Stable label for `splice_reconcile_total{result}`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::NotLeader => "not_leader",
+            Error::NoCertificate => "no_certificate",
+            Error::Render(e) => e.label(),
+            Error::Apply { .. } => "apply_error",
+            Error::Remove { .. } => "remove_error",
+            Error::Read { .. } => "read_error",
+            Error::Status { .. } => "status_error",
+        }
+    }
+}
+
+/// The reconciler the controller runs.
+#[tracing::instrument(skip_all, fields(policy = %policy.name_any(), generation = policy.metadata.generation))]
+pub async fn reconcile(policy: Arc<InjectionPolicy>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reconcile_policy(&policy, &ctx).await;
+    let label = match &result {
+        Ok(_) => "success",
+        Err(e) => e.label(),
+    };
+    ctx.metrics.observe_reconcile(label, started.elapsed());
+    if result.is_ok() {
+        ctx.reset_backoff(&policy.name_any());
+    }
+    result
+}
+
+/// What the controller does when `reconcile` failed: log it and retry with exponential backoff
+/// per policy (1 s, 2 s, 4 s … up to 5 min), reset by the next success.
+pub fn error_policy(policy: Arc<InjectionPolicy>, error: &Error, ctx: Arc<Context>) -> Action {
+    let failures = ctx.count_failure(&policy.name_any());
+    let delay = backoff(failures);
+    match error {
+        Error::NotLeader | Error::NoCertificate => {
+            tracing::debug!(policy = %policy.name_any(), error = %error, retry_in = ?delay, "waiting")
+        }
+        _ => {
+            tracing::warn!(policy = %policy.name_any(), error = %error, retry_in = ?delay, "reconcile failed")
+        }
+    }
+    Action::requeue(delay)
+}
+
+async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Action, Error> {
+    if policy.metadata.deletion_timestamp.is_some() {
+        // Garbage collection removes the owned configuration; the janitor covers clusters without it.
+        return Ok(Action::await_change());
+    }
+    // Neither is worth a status: a follower must not write, and without the CA no configuration
+    // can be written yet (the CA's arrival triggers every policy again).
+    ctx.ensure_leading()?;
+    if ctx.ca_bundle.borrow().is_none() {
+        let problem = ctx.certificate_problem.borrow().clone();
+        if let Some(status) = problem.and_then(|p| {
+            super::conditions::unavailable_status(
+                ctx.last_known_status(policy).as_ref(),
+                policy,
+                &p,
+            )
+        }) {
+            write_status(ctx, policy, &status).await?;
+        }
+        return Err(Error::NoCertificate);
+    }
+    let name = policy.name_any();
+    let configuration = webhook_configuration_name(&name);
+    let generation = policy.metadata.generation;
+    let in_force = in_force(policy);
+    // The webhook configuration is rendered from the spec in force: an invalid update leaves it
+    // exactly as the last good generation had it.
+    let served = match &in_force {
+        InForce::LastGood { compiled, .. } => Cow::Owned(InjectionPolicy {
+            spec: compiled.spec().clone(),
+            ..policy.clone()
+        }),
+        InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
+    };
+    let guard = ctx.guard.borrow().clone();
+    let failure_policy = effective_failure_policy(served.spec.failure_policy, &guard);
+    let all = ctx.policies.state();
+    let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
+    drop(all);
+    ctx.neighbours.observed(policy, &conflicts);
+
+    let mut failure = None;
+    let mut restored = None;
+    let outcome = if policy.spec.paused {
+        match ensure_absent(ctx, policy, &configuration).await {
+            Ok(()) => WebhookOutcome::Paused { configuration },
+            Err(e) => failed(configuration, e, &mut failure),
+        }
+    } else if let InForce::Nothing(error) = &in_force {
+        match ensure_absent(ctx, policy, &configuration).await {
+            Ok(()) => WebhookOutcome::Invalid {
+                configuration,
+                reason: invalid_reason(error),
+                error: error.to_string(),
+            },
+            Err(e) => failed(configuration, e, &mut failure),
+        }
+    } else {
+        match ensure_applied(ctx, &served, failure_policy.effective).await {
+            Ok(change) => {
+                restored = change.filter(|_| was_applied_at_this_generation(policy));
+                match &in_force {
+                    InForce::LastGood { compiled, error } => WebhookOutcome::Held {
+                        configuration,
+                        reason: invalid_reason(error),
+                        error: error.to_string(),
+                        serving_generation: compiled.generation(),
+                    },
+                    InForce::Current(_) | InForce::Nothing(_) => {
+                        WebhookOutcome::Applied { configuration }
+                    }
+                }
+            }
+            Err(e) => failed(configuration, e, &mut failure),
+        }
+    };
+
+    let template_hash = in_force.compiled().map(|c| c.template_hash().to_owned());
+    let serving = in_force.record();
+    let warnings: Vec<String> = in_force
+        .compiled()
+        .map(|c| status_warnings(c.warnings()))
+        .unwrap_or_default();
+    let observation = Observation {
+        generation,
+        template_hash: template_hash.as_deref(),
+        serving: serving.as_ref().map(|(g, spec)| (*g, spec)),
+        webhook: &outcome,
+        failure_policy: &failure_policy,
+        conflicts: &conflicts,
+        pod_security: in_force.compiled().map(|c| c.pod_security().level),
+        warnings: &warnings,
+    };
+    // status.coverage belongs to the coverage loop's own field manager, status.probe and the
+    // Verified condition to the probe's: left out here, they are neither compared nor applied (so
+    // this apply never removes or reverts them).
+    let current = ctx.last_known_status(policy).map(|mut s| {
+        s.coverage = None;
+        crate::verdict::strip(&mut s);
+        s
+    });
+    let mut status = desired_status(current.as_ref(), &observation, Timestamp::now());
+    status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
+    let mut events = Vec::new();
+    if current.as_ref() != Some(&status) {
+        write_status(ctx, policy, &status).await?;
+        events = planned_events(current.as_ref(), &status);
+    }
+    if let Some(drift) = restored {
+        events.push(drift);
+    }
+    for event in events {
+        publish(ctx, policy, event).await;
+    }
+
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(Action::requeue(RESYNC)),
+    }
+}
+
+/// The Ready reason for a policy that does not compile.
+fn invalid_reason(error: &PolicyError) -> &'static str {
+    match error {
+        PolicyError::Template { .. } => "InvalidTemplate",
+        PolicyError::Selector { .. } => "InvalidSelector",
+        PolicyError::DuplicateName { .. } => "DuplicateName",
+        PolicyError::InvalidField { .. } => "InvalidField",
+        PolicyError::Privileged { .. } => "PrivilegedContent",
+    }
+}
+
+/// The status lists at most this many warnings (the CRD's bound); the validating webhook and the
+/// offline CLI show them all.
+const MAX_STATUS_WARNINGS: usize = 32;
+
+fn status_warnings(warnings: &[splice_engine::PolicyWarning]) -> Vec<String> {
+    warnings
+        .iter()
+        .take(MAX_STATUS_WARNINGS)
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn failed(configuration: String, error: Error, slot: &mut Option<Error>) -> WebhookOutcome {
+    let outcome = WebhookOutcome::Failed {
+        configuration,
+        error: error.to_string(),
+    };
+    *slot = Some(error);
+    outcome
+}
+
+/// True when the status already reports this generation's configuration as applied, so a
+/// configuration that no longer matches was changed by someone else, not by a policy edit.
+fn was_applied_at_this_generation(policy: &InjectionPolicy) -> bool {
+    policy.status.as_ref().is_some_and(|s| {
+        s.observed_generation == policy.metadata.generation
+            && s.webhook_configuration.is_some()
+            && s.conditions.iter().any(|c| {
+                c.type_ == splice_crds::condition::WEBHOOK_CONFIGURED && c.status == "True"
+            })
+    })
+}
+
+/// Writes the desired configuration unless the observed one already says all of it. Returns the
+/// drift Event to publish when the configuration had been deleted, or edited by another field
+/// manager, after Splice had applied it.
+async fn ensure_applied(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    failure_policy: FailurePolicy,
+) -> Result<Option<PlannedEvent>, Error> {
+    let ca_bundle = ctx.ca_bundle.borrow().clone().ok_or(Error::NoCertificate)?;
+    let cx = RenderContext {
+        target: &ctx.target,
+        splice_namespace: &ctx.namespace,
+        ca_bundle: ca_bundle.as_bytes(),
+    };
+    let desired = render(policy, failure_policy, &cx)?;
+    let name = desired.metadata.name.clone().unwrap_or_default();
+    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    let observed = api.get_opt(&name).await.map_err(|source| Error::Read {
+        name: name.clone(),
+        source,
+    })?;
+    if observed
+        .as_ref()
+        .is_some_and(|o| is_up_to_date(&desired, o))
+    {
+        return Ok(None);
+    }
+    ctx.ensure_leading()?;
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&desired),
+    )
+    .await
+    .map_err(|source| Error::Apply {
+        name: name.clone(),
+        source,
+    })?;
+    tracing::info!(configuration = %name, existed = observed.is_some(), "applied webhook configuration");
+    let note = match &observed {
+        None => format!("MutatingWebhookConfiguration {name} had been deleted; recreated."),
+        Some(o) if edited_by_someone_else(o) => format!(
+            "MutatingWebhookConfiguration {name} had been changed by another field manager; restored."
+        ),
+        Some(_) => return Ok(None),
+    };
+    Ok(Some(PlannedEvent {
+        severity: Severity::Warning,
+        reason: "WebhookConfigurationRestored".to_owned(),
+        action: "ApplyWebhookConfiguration",
+        note,
+    }))
+}
+
+fn edited_by_someone_else(observed: &MutatingWebhookConfiguration) -> bool {
+    observed.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager
+            .as_deref()
+            .is_some_and(|manager| manager != MANAGER)
+    })
+}
+
+/// Deletes the policy's configuration if it exists and is Splice's (owned by this policy, or
+/// labelled as managed by Splice); a configuration of the same name that someone else made is
+/// left alone.
+async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> Result<(), Error> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    let Some(existing) = api.get_opt(name).await.map_err(|source| Error::Read {
+        name: name.to_owned(),
+        source,
+    })?
+    else {
+        return Ok(());
+    };
+    let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
+        || existing
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
+    if !ours {
+        tracing::warn!(configuration = %name, "not removing a webhook configuration Splice does not manage");
+        return Ok(());
+    }
+    ctx.ensure_leading()?;
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {
+            tracing::info!(configuration = %name, "removed webhook configuration");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(source) => Err(Error::Remove {
+            name: name.to_owned(),
+            source,
+        }),
+    }
+}
+
+async fn write_status(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    status: &InjectionPolicyStatus,
+) -> Result<(), Error> {
+    ctx.ensure_leading()?;
+    let name = policy.name_any();
+    let api: Api<InjectionPolicy> = Api::all(ctx.client.clone());
+    // Server-side apply of the whole status: a field this manager set before and omits now (the
+    // configuration name of a paused policy) is removed, which a merge patch would not do.
+    let patch = serde_json::json!({
+        "apiVersion": InjectionPolicy::api_version(&()),
+        "kind": InjectionPolicy::kind(&()),
+        "status": status,
+    });
+    let written = api
+        .patch_status(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            name: name.clone(),
+            source,
+        })?;
+    ctx.remember_status(policy, &written, status);
+    Ok(())
+}
+
+async fn publish(ctx: &Context, policy: &InjectionPolicy, event: PlannedEvent) {
+    if ctx.ensure_leading().is_err() {
+        return;
+    }
+    let type_ = match event.severity {
+        Severity::Normal => EventType::Normal,
+        Severity::Warning => EventType::Warning,
+    };
+    let reason = event.reason.clone();
+    let ev = Event {
+        type_,
+        reason: event.reason,
+        note: Some(truncate(event.note, 1000)),
+        action: event.action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &policy.object_ref(&())).await {
+        tracing::warn!(policy = %policy.name_any(), reason = %reason, error = %e, "could not publish an Event");
+    }
+}
+
+/// Events notes are limited to 1 kB.
+pub(crate) fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(1);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_character_boundaries() {
+        let s = "é".repeat(600);
+        let t = truncate(s, 1000);
+        assert!(t.len() <= 1000 + '…'.len_utf8());
+        assert!(t.ends_with('…'));
+        assert_eq!(truncate("short".into(), 1000), "short");
+    }
+}

@@ -1,0 +1,316 @@
+//! The reconciler against a fake API server (kube's tower-test mock): which requests one
+//! reconcile makes, so "steady state makes no writes" is checked without a cluster.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::{reflector, watcher};
+use serde_json::{Value, json};
+use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, Operation};
+use splice_server::metrics::Metrics;
+use tokio::sync::watch;
+use tower_test::mock;
+
+use super::reconcile::{Error, reconcile};
+use super::render::ClientTarget;
+use crate::leader::LeaseConfig;
+use crate::{Context, Settings};
+
+const MWC_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/splice-p";
+const STATUS_PATH: &str = "/apis/splice.dev/v1alpha1/injectionpolicies/p/status";
+
+/// What the fake API server holds and saw.
+#[derive(Default)]
+struct FakeApi {
+    configuration: Option<Value>,
+    status_writes: Vec<Value>,
+    /// (method, path) of every request, in order.
+    requests: Vec<(Method, String)>,
+}
+
+type Shared = Arc<Mutex<FakeApi>>;
+
+fn respond(status: StatusCode, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
+        .unwrap_or_else(|_| Response::new(Body::empty()))
+}
+
+fn not_found() -> Response<Body> {
+    respond(
+        StatusCode::NOT_FOUND,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"}),
+    )
+}
+
+/// Serves the few requests a reconcile makes, recording each.
+fn fake_api(state: Shared) -> Client {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut handle = std::pin::pin!(handle);
+        while let Some((request, send)) = handle.next_request().await {
+            let method = request.method().clone();
+            let path = request.uri().path().to_owned();
+            let body = request
+                .into_body()
+                .collect_bytes()
+                .await
+                .unwrap_or_default();
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let mut api = state.lock().unwrap();
+            api.requests.push((method.clone(), path.clone()));
+            let response = match (method, path.as_str()) {
+                (Method::GET, MWC_PATH) => match &api.configuration {
+                    Some(c) => respond(StatusCode::OK, c),
+                    None => not_found(),
+                },
+                (Method::PATCH, MWC_PATH) => {
+                    let mut stored = body.clone();
+                    stored["metadata"]["uid"] = json!("mwc-uid");
+                    // What the API server adds: defaults and bookkeeping.
+                    stored["metadata"]["resourceVersion"] = json!("7");
+                    stored["webhooks"][0]["rules"][0]["scope"] = json!("Namespaced");
+                    api.configuration = Some(stored.clone());
+                    respond(StatusCode::OK, &stored)
+                }
+                (Method::PATCH, STATUS_PATH) => {
+                    api.status_writes.push(body["status"].clone());
+                    let mut policy = serde_json::to_value(policy()).unwrap_or_default();
+                    policy["status"] = body["status"].clone();
+                    policy["metadata"]["resourceVersion"] = json!("2");
+                    respond(StatusCode::OK, &policy)
+                }
+                (Method::POST, p) if p.ends_with("/events") => respond(StatusCode::CREATED, &body),
+                (Method::DELETE, MWC_PATH) => {
+                    api.configuration = None;
+                    respond(
+                        StatusCode::OK,
+                        &json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    )
+                }
+                _ => not_found(),
+            };
+            drop(api);
+            send.send_response(response);
+        }
+    });
+    Client::new(service, "default")
+}
+
+fn policy() -> InjectionPolicy {
+    let spec: InjectionPolicySpec = serde_json::from_value(json!({
+        "namespaceSelector": {"matchLabels": {"mesh": "on"}},
+        "template": {"containers": [{"name": "proxy", "image": "registry.invalid/proxy:1"}]}
+    }))
+    .unwrap();
+    let mut p = InjectionPolicy::new("p", spec);
+    p.metadata.uid = Some("policy-uid".into());
+    p.metadata.generation = Some(1);
+    p.metadata.resource_version = Some("1".into());
+    p
+}
+
+fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<Context> {
+    let settings = Settings {
+        namespace: "splice-system".into(),
+        target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
+        serving_names: vec!["127.0.0.1".into()],
+        policy_selector: None,
+        validating_webhook: true,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        lease: LeaseConfig {
+            name: "splice-leader".into(),
+            identity: "test".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        },
+        certs: crate::rotation::Timing::default(),
+        guard: crate::guard::GuardConfig {
+            namespace: "splice-system".into(),
+            deployment: "splice".into(),
+            hold: Duration::from_secs(60),
+        },
+        probe_interval: None,
+    };
+    let (store, mut writer) = reflector::store();
+    for p in policies {
+        writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
+    }
+    let (_ca_tx, ca) = watch::channel(Some(Arc::new("-----BEGIN CERTIFICATE-----\n".to_owned())));
+    let (_leading_tx, leading) = watch::channel(leading);
+    // The senders may go: a receiver keeps the last value.
+    Arc::new(Context::new(
+        client,
+        &settings,
+        store,
+        ca,
+        Arc::new(Metrics::new()),
+        leading,
+    ))
+}
+
+fn writes(api: &Shared) -> Vec<(Method, String)> {
+    api.lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(m, _)| *m != Method::GET)
+        .cloned()
+        .collect()
+}
+
+fn clear(api: &Shared) {
+    api.lock().unwrap().requests.clear();
+}
+
+/// The policy as the watch would deliver it after the status write.
+fn with_written_status(api: &Shared) -> InjectionPolicy {
+    let status: InjectionPolicyStatus =
+        serde_json::from_value(api.lock().unwrap().status_writes.last().cloned().unwrap()).unwrap();
+    let mut p = policy();
+    p.status = Some(status);
+    p.metadata.resource_version = Some("2".into());
+    p
+}
+
+#[tokio::test]
+async fn a_new_policy_is_applied_then_a_current_one_costs_one_read_and_no_write() {
+    let api = Shared::default();
+    let client = fake_api(Arc::clone(&api));
+    let ctx = context(client, true, &[policy()]);
+
+    let action = reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(action, Action::requeue(super::reconcile::RESYNC));
+    let first = writes(&api);
+    assert_eq!(first[0], (Method::PATCH, MWC_PATH.to_owned()));
+    assert_eq!(first[1], (Method::PATCH, STATUS_PATH.to_owned()));
+    assert!(
+        first[2..]
+            .iter()
+            .all(|(m, p)| *m == Method::POST && p.ends_with("/events"))
+    );
+    let configuration: MutatingWebhookConfiguration =
+        serde_json::from_value(api.lock().unwrap().configuration.clone().unwrap()).unwrap();
+    assert_eq!(configuration.webhooks.unwrap()[0].name, "p.splice.dev");
+
+    clear(&api);
+    let current = with_written_status(&api);
+    assert_eq!(
+        current.status.as_ref().unwrap().observed_generation,
+        Some(1)
+    );
+    reconcile(Arc::new(current), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.lock().unwrap().requests,
+        vec![(Method::GET, MWC_PATH.to_owned())],
+        "steady state reads the configuration once and writes nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_reconcile_before_the_status_write_is_watched_does_not_write_again() {
+    let api = Shared::default();
+    let ctx = context(fake_api(Arc::clone(&api)), true, &[policy()]);
+    reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    clear(&api);
+    // The cache still holds the object without status.
+    reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(writes(&api).is_empty(), "{:?}", writes(&api));
+}
+
+#[tokio::test]
+async fn a_deleted_configuration_is_recreated_with_an_event_and_no_status_write() {
+    let api = Shared::default();
+    let ctx = context(fake_api(Arc::clone(&api)), true, &[policy()]);
+    reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let current = with_written_status(&api);
+    api.lock().unwrap().configuration = None;
+    clear(&api);
+
+    reconcile(Arc::new(current), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let w = writes(&api);
+    assert_eq!(w[0], (Method::PATCH, MWC_PATH.to_owned()));
+    assert!(w.iter().all(|(_, p)| p != STATUS_PATH), "{w:?}");
+    assert_eq!(
+        w.iter().filter(|(m, _)| *m == Method::POST).count(),
+        1,
+        "one drift Event"
+    );
+}
+
+#[tokio::test]
+async fn pausing_deletes_the_configuration_and_reports_paused() {
+    let api = Shared::default();
+    let ctx = context(fake_api(Arc::clone(&api)), true, &[policy()]);
+    reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    let mut paused = with_written_status(&api);
+    paused.spec.paused = true;
+    paused.metadata.generation = Some(2);
+    clear(&api);
+
+    reconcile(Arc::new(paused), Arc::clone(&ctx)).await.unwrap();
+    let w = writes(&api);
+    assert_eq!(w[0], (Method::DELETE, MWC_PATH.to_owned()));
+    assert_eq!(w[1], (Method::PATCH, STATUS_PATH.to_owned()));
+    assert!(api.lock().unwrap().configuration.is_none());
+    let status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+    let ready = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (ready["status"].as_str(), ready["reason"].as_str()),
+        (Some("False"), Some("Paused"))
+    );
+    assert!(status.get("webhookConfiguration").is_none());
+}
+
+#[tokio::test]
+async fn a_replica_that_is_not_leader_writes_nothing() {
+    let api = Shared::default();
+    let ctx = context(fake_api(Arc::clone(&api)), false, &[policy()]);
+    let result = reconcile(Arc::new(policy()), Arc::clone(&ctx)).await;
+    assert!(matches!(result, Err(Error::NotLeader)), "{result:?}");
+    assert!(writes(&api).is_empty(), "{:?}", writes(&api));
+}
+
+#[tokio::test]
+async fn operations_in_a_policy_reach_the_rules() {
+    let api = Shared::default();
+    let mut p = policy();
+    p.spec.operations = vec![Operation::Create, Operation::Update];
+    let ctx = context(fake_api(Arc::clone(&api)), true, std::slice::from_ref(&p));
+    reconcile(Arc::new(p), ctx).await.unwrap();
+    let stored = api.lock().unwrap().configuration.clone().unwrap();
+    assert_eq!(
+        stored["webhooks"][0]["rules"][0]["operations"],
+        json!(["CREATE", "UPDATE"])
+    );
+}

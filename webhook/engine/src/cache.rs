@@ -1,0 +1,294 @@
+//! Renderings kept across requests.
+//!
+//! A policy whose templates do not read `pod` renders the same content for every pod of a
+//! namespace (rendering is deterministic: no clock, no randomness), so it is rendered once per
+//! namespace and reused, already serialized. The cache lives in the [`super::CompiledPolicy`], so a
+//! new policy generation starts empty. Failed renderings are not cached: the error is recomputed
+//! for every request, exactly as without the cache.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::template::OwnedRendered;
+use super::{Injection, NamespaceContext};
+
+// A poisoned lock only means another request panicked mid-insert; the map is still a valid map,
+// so both caches keep using it.
+fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Namespaces kept per policy; past this the cache starts over (bounds memory with many
+/// namespaces, at the cost of one rendering per namespace afterwards).
+const MAX_ENTRIES: usize = 256;
+
+struct Entry {
+    /// The namespace the rendering was made for, when templates read more than its name.
+    context: Option<NamespaceContext>,
+    rendered: Arc<OwnedRendered>,
+}
+
+/// How much of the namespace a rendering depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// Only `policy` and `values`: one rendering for every namespace.
+    Policy,
+    /// `namespace.name` as well.
+    NamespaceName,
+    /// Labels or annotations of the namespace too: reused only for an identical context.
+    NamespaceContext,
+}
+
+#[derive(Default)]
+pub(crate) struct RenderCache {
+    /// One map for full renderings, one for the metadata-only renderings of UPDATEs.
+    maps: [RwLock<HashMap<String, Entry>>; 2],
+}
+
+impl std::fmt::Debug for RenderCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = |m: &RwLock<HashMap<String, Entry>>| m.read().map(|m| m.len()).unwrap_or(0);
+        f.debug_struct("RenderCache")
+            .field("full", &len(&self.maps[0]))
+            .field("meta_only", &len(&self.maps[1]))
+            .finish()
+    }
+}
+
+impl RenderCache {
+    /// The cached rendering for `ns`, or the one `render` makes (then cached).
+    pub fn get_or_render<E>(
+        &self,
+        scope: Scope,
+        meta_only: bool,
+        ns: &NamespaceContext,
+        render: impl FnOnce() -> Result<OwnedRendered, E>,
+    ) -> Result<Arc<OwnedRendered>, E> {
+        let map = &self.maps[usize::from(meta_only)];
+        let key = match scope {
+            Scope::Policy => "",
+            Scope::NamespaceName | Scope::NamespaceContext => ns.name.as_str(),
+        };
+        let fits = |e: &Entry| scope != Scope::NamespaceContext || e.context.as_ref() == Some(ns);
+        {
+            let read = read(map);
+            if let Some(e) = read.get(key).filter(|e| fits(e)) {
+                return Ok(Arc::clone(&e.rendered));
+            }
+        }
+        let rendered = Arc::new(render()?);
+        let mut write = write(map);
+        if write.len() >= MAX_ENTRIES && !write.contains_key(key) {
+            write.clear();
+        }
+        write.insert(
+            key.to_owned(),
+            Entry {
+                context: (scope == Scope::NamespaceContext).then(|| ns.clone()),
+                rendered: Arc::clone(&rendered),
+            },
+        );
+        Ok(rendered)
+    }
+
+    /// Entries held (both maps), for tests.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.maps
+            .iter()
+            .map(|m| m.read().map(|m| m.len()).unwrap_or(0))
+            .sum()
+    }
+}
+
+/// Bytes of patches kept per policy (their JSON and keys); past this the cache starts over: about
+/// 100 pod shapes of a sidecar injection (a namespace's worth of Deployments), half a megabyte per
+/// policy at most. Each entry also keeps its
+/// rendering alive (a few KB, shared by every shape of a namespace) until the entry goes.
+const MAX_PLAN_BYTES: usize = 512 << 10;
+
+/// Patches kept across requests: the engine's answer for one rendering and one pod shape (see
+/// [`super::shape`]), so that the replicas of a template after the first are answered with a copy.
+/// Like renderings, failed plans are not kept, and the cache lives in the compiled policy.
+#[derive(Default)]
+pub(crate) struct PlanCache {
+    map: RwLock<Plans>,
+}
+
+#[derive(Default)]
+struct Plans {
+    by_key: HashMap<Vec<u8>, Plan>,
+    bytes: usize,
+}
+
+impl Plans {
+    fn clear(&mut self) {
+        self.by_key.clear();
+        self.bytes = 0;
+    }
+}
+
+struct Plan {
+    /// The rendering the patch was made from: held, so that its address, which starts the key,
+    /// cannot be reused by another rendering while the entry lives.
+    _rendering: Arc<OwnedRendered>,
+    injection: Injection,
+}
+
+impl std::fmt::Debug for PlanCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = read(&self.map);
+        f.debug_struct("PlanCache")
+            .field("plans", &map.by_key.len())
+            .field("bytes", &map.bytes)
+            .finish()
+    }
+}
+
+impl PlanCache {
+    /// The key of a pod shape for `rendering`: its address, then [`super::shape::key`] appends.
+    pub fn key_for(rendering: &Arc<OwnedRendered>) -> Vec<u8> {
+        let mut key = Vec::with_capacity(128);
+        key.extend_from_slice(&Arc::as_ptr(rendering).addr().to_le_bytes());
+        key
+    }
+
+    /// A copy of the injection kept for `key`.
+    pub fn get(&self, key: &[u8]) -> Option<Injection> {
+        let map = read(&self.map);
+        map.by_key.get(key).map(|p| p.injection.clone())
+    }
+
+    pub fn insert(&self, key: Vec<u8>, rendering: &Arc<OwnedRendered>, injection: &Injection) {
+        let size = key.len()
+            + injection.patch.len()
+            + injection.warnings.iter().map(String::len).sum::<usize>();
+        let mut map = write(&self.map);
+        if map.bytes + size > MAX_PLAN_BYTES {
+            map.clear();
+            if size > MAX_PLAN_BYTES {
+                return;
+            }
+        }
+        let plan = Plan {
+            _rendering: Arc::clone(rendering),
+            injection: injection.clone(),
+        };
+        if map.by_key.insert(key, plan).is_none() {
+            map.bytes += size;
+        }
+    }
+
+    /// Patches held, for tests.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map.read().map(|m| m.by_key.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::template::Rendered;
+
+    fn empty() -> Result<OwnedRendered, serde_json::Error> {
+        Rendered::default().to_owned_rendering()
+    }
+
+    #[test]
+    fn a_policy_scoped_rendering_is_made_once_for_every_namespace() {
+        let cache = RenderCache::default();
+        let mut renders = 0;
+        for name in ["a", "b", "c"] {
+            cache
+                .get_or_render(
+                    Scope::Policy,
+                    false,
+                    &NamespaceContext {
+                        name: name.into(),
+                        ..Default::default()
+                    },
+                    || {
+                        renders += 1;
+                        empty()
+                    },
+                )
+                .unwrap();
+        }
+        assert_eq!(renders, 1);
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn the_cache_starts_over_instead_of_growing_past_its_bound() {
+        let cache = RenderCache::default();
+        for i in 0..(MAX_ENTRIES * 2 + 3) {
+            let ns = NamespaceContext {
+                name: format!("ns-{i}"),
+                ..Default::default()
+            };
+            cache
+                .get_or_render(Scope::NamespaceName, false, &ns, empty)
+                .unwrap();
+            assert!(cache.len() <= MAX_ENTRIES);
+        }
+        assert_eq!(cache.len(), 3);
+    }
+
+    fn injection(patch_len: usize) -> Injection {
+        Injection {
+            patch: vec![b' '; patch_len].into(),
+            changed: true,
+            warnings: vec!["splice policy p injected: containers x".to_owned()],
+        }
+    }
+
+    #[test]
+    fn a_kept_patch_is_found_by_its_rendering_and_shape_only() {
+        let cache = PlanCache::default();
+        let (r1, r2) = (Arc::new(Rendered::default()), Arc::new(Rendered::default()));
+        let key = |r: &Arc<OwnedRendered>, shape: &[u8]| {
+            let mut k = PlanCache::key_for(r);
+            k.extend_from_slice(shape);
+            k
+        };
+        cache.insert(key(&r1, b"C1"), &r1, &injection(10));
+        assert_eq!(cache.get(&key(&r1, b"C1")).map(|i| i.patch.len()), Some(10));
+        assert!(cache.get(&key(&r1, b"C2")).is_none());
+        assert!(cache.get(&key(&r2, b"C1")).is_none());
+    }
+
+    #[test]
+    fn the_plan_cache_starts_over_past_its_byte_bound_and_never_keeps_an_oversized_patch() {
+        let cache = PlanCache::default();
+        let r = Arc::new(Rendered::default());
+        let big = MAX_PLAN_BYTES / 8;
+        for i in 0..20u8 {
+            let mut k = PlanCache::key_for(&r);
+            k.push(i);
+            cache.insert(k, &r, &injection(big));
+            let held = cache.map.read().unwrap().bytes;
+            assert!(held <= MAX_PLAN_BYTES, "{held} bytes held");
+        }
+        assert!(cache.len() < 20);
+        let mut k = PlanCache::key_for(&r);
+        k.push(255);
+        cache.insert(k.clone(), &r, &injection(MAX_PLAN_BYTES));
+        assert!(cache.get(&k).is_none());
+    }
+
+    #[test]
+    fn a_failed_rendering_is_not_kept() {
+        let cache = RenderCache::default();
+        let ns = NamespaceContext::default();
+        let failed: Result<_, &str> =
+            cache.get_or_render(Scope::NamespaceName, false, &ns, || Err("boom"));
+        assert!(failed.is_err());
+        assert_eq!(cache.len(), 0);
+    }
+}

@@ -1,0 +1,924 @@
+//! The injection engine: (policy, incoming pod as raw JSON, namespace context) → JSON Patch.
+//!
+//! Pure and synchronous: no I/O, no clock, no global state. The webhook calls it on the request
+//! path and `splice inject` calls it offline, so both give byte-identical results.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use minijinja::Value as JValue;
+use splice_crds::{
+    ALWAYS_EXCLUDED_NAMESPACES, InjectionPolicySpec, NAMESPACE_NAME_LABEL, OPT_OUT_LABEL,
+    Operation, STATUS_ANNOTATION,
+};
+
+mod cache;
+pub mod explain;
+mod patch;
+mod plan;
+pub mod podsecurity;
+mod provenance;
+mod selector;
+mod shape;
+mod template;
+mod validate;
+mod view;
+pub mod warnings;
+pub(crate) mod wire;
+
+pub use podsecurity::PodSecurity;
+pub use provenance::{Provenance, ProvenanceEntry};
+pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
+pub use warnings::PolicyWarning;
+
+use selector::Selector;
+use template::{Templates, first_duplicate};
+use view::{FromJson, PodView, Str};
+
+use splice_json::{self as json, Cursor};
+
+/// The namespace a pod is admitted into, as templates and namespace selectors see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceContext {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Namespaces that are never injected, whatever a policy selects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Exclusions {
+    /// kube-system, kube-node-lease and Splice's own namespace.
+    pub namespaces: Vec<String>,
+}
+
+impl Exclusions {
+    /// The mandatory exclusions plus Splice's own namespace.
+    pub fn default_for(splice_namespace: &str) -> Self {
+        let mut namespaces: Vec<String> = ALWAYS_EXCLUDED_NAMESPACES
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        if !splice_namespace.is_empty() && !namespaces.iter().any(|n| n == splice_namespace) {
+            namespaces.push(splice_namespace.to_owned());
+        }
+        Self { namespaces }
+    }
+
+    /// True when pods in `namespace` must never be injected.
+    pub fn excludes(&self, namespace: &str) -> bool {
+        ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace)
+            || self.namespaces.iter().any(|n| n == namespace)
+    }
+}
+
+/// A policy checked and compiled once (templates parsed, selectors validated, hash computed), then
+/// shared read-only by every request.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    name: String,
+    generation: i64,
+    spec: InjectionPolicySpec,
+    hash: String,
+    namespace_selector: Selector,
+    object_selector: Selector,
+    templates: Templates,
+    policy_ctx: JValue,
+    values_ctx: JValue,
+    /// The render context when no template reads `pod` or `namespace`.
+    static_ctx: JValue,
+    /// Renderings reused across requests when no template reads `pod`.
+    render_cache: cache::RenderCache,
+    /// Patches reused across pods of one shape, for those renderings.
+    plan_cache: cache::PlanCache,
+    /// The Pod Security level the injected content satisfies, and why no stricter one.
+    pod_security: PodSecurity,
+    /// What the policy will do that its author probably did not mean.
+    warnings: Vec<PolicyWarning>,
+}
+
+impl CompiledPolicy {
+    /// Compiles `spec` for the policy `name` at `generation`. Fails with an error naming the field
+    /// (e.g. `spec.template.containers[0].image`) when a template does not parse, a selector is
+    /// invalid, or the injected content holds what Pod Security `baseline` forbids while
+    /// `spec.allowPrivileged` is false.
+    pub fn compile(
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
+    ) -> Result<Self, PolicyError> {
+        let policy = name.to_owned();
+        let selector = |sel, field: &str| {
+            Selector::compile(sel).map_err(|e| PolicyError::Selector {
+                policy: policy.clone(),
+                field: format!("{field}.{}", e.field),
+                message: e.message,
+            })
+        };
+        let namespace_selector =
+            selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector")?;
+        let object_selector = selector(spec.object_selector.as_ref(), "spec.objectSelector")?;
+        let invalid = |field: String, message: String| PolicyError::InvalidField {
+            policy: policy.clone(),
+            field,
+            message,
+        };
+        for (list, key) in [
+            ("labels", &spec.template.labels),
+            ("annotations", &spec.template.annotations),
+        ] {
+            for k in key.keys() {
+                let mut field = format!("spec.template.{list}");
+                template::push_key(&mut field, k);
+                validate::qualified_name(k)
+                    .map_err(|e| invalid(field.clone(), format!("invalid key: {e}")))?;
+                if k == STATUS_ANNOTATION {
+                    return Err(invalid(
+                        field,
+                        "is reserved for Splice's provenance record".into(),
+                    ));
+                }
+            }
+        }
+        let templates =
+            Templates::compile(name, generation, spec).map_err(|e| PolicyError::Template {
+                policy: policy.clone(),
+                field: e.field,
+                message: e.message,
+            })?;
+        check_unique(&policy, &templates)?;
+        let pod_security = podsecurity::assess(&templates);
+        if !spec.allow_privileged
+            && let Some(finding) = pod_security.privileged().next()
+        {
+            return Err(PolicyError::Privileged {
+                policy: policy.clone(),
+                field: finding.field.clone(),
+                message: format!(
+                    "{}: Pod Security baseline forbids this, so it is only allowed when \
+                     spec.allowPrivileged is true",
+                    finding.message
+                ),
+            });
+        }
+        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let static_ctx =
+            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);
+        for l in &templates.labels {
+            if let Some(value) = l.static_value() {
+                validate::label_value(value).map_err(|e| {
+                    let mut field = "spec.template.labels".to_owned();
+                    template::push_key(&mut field, &l.key);
+                    invalid(field, format!("label value {value:?} {e}"))
+                })?;
+            }
+        }
+        let hash = template::template_hash(name, spec)
+            .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
+        Ok(Self {
+            name: policy,
+            generation,
+            spec: spec.clone(),
+            hash,
+            namespace_selector,
+            object_selector,
+            templates,
+            policy_ctx,
+            values_ctx,
+            static_ctx,
+            render_cache: cache::RenderCache::default(),
+            plan_cache: cache::PlanCache::default(),
+            pod_security,
+            warnings,
+        })
+    }
+    /// The strictest Pod Security level the injected content satisfies, and why no stricter one.
+    pub fn pod_security(&self) -> &PodSecurity {
+        &self.pod_security
+    }
+    /// What the policy will do that its author probably did not mean (reads of fields absent at
+    /// admission, privileged content driven by the pod).
+    pub fn warnings(&self) -> &[PolicyWarning] {
+        &self.warnings
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Stable hash of everything that decides the injected content (template + values + policy
+    /// name); recorded in `splice.dev/status` and `status.templateHash`.
+    pub fn template_hash(&self) -> &str {
+        &self.hash
+    }
+    pub fn spec(&self) -> &InjectionPolicySpec {
+        &self.spec
+    }
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+    /// True when some template reads `pod` (the engine then builds a full JSON tree of the pod
+    /// for each request).
+    pub fn reads_pod(&self) -> bool {
+        self.templates.deps.pod
+    }
+    /// True when some template reads the namespace's labels or annotations (not just its name).
+    pub fn reads_namespace_metadata(&self) -> bool {
+        self.templates.deps.namespace_beyond_name
+    }
+    /// Evaluates the namespace and object selectors (full LabelSelector semantics). `None` when
+    /// both select; otherwise the reason this policy leaves the pod alone.
+    pub fn check_selectors(
+        &self,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> Option<SkipReason> {
+        if !self.selects_namespace(namespace) {
+            return Some(SkipReason::NamespaceNotSelected);
+        }
+        if !self
+            .object_selector
+            .matches(|k| pod_labels.get(k).map(String::as_str))
+        {
+            return Some(SkipReason::ObjectNotSelected);
+        }
+        None
+    }
+    /// True when both selectors select the pod.
+    pub fn selects(
+        &self,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.check_selectors(namespace, pod_labels).is_none()
+    }
+
+    /// The API server sets `kubernetes.io/metadata.name` on every namespace; offline callers
+    /// often omit it, so it is implied from the name.
+    fn selects_namespace(&self, ns: &NamespaceContext) -> bool {
+        self.namespace_selector.matches(|k| match ns.labels.get(k) {
+            Some(v) => Some(v.as_str()),
+            None if k == NAMESPACE_NAME_LABEL && !ns.name.is_empty() => Some(ns.name.as_str()),
+            None => None,
+        })
+    }
+}
+
+/// Injected names that do not depend on the request must be unique at compile time (containers
+/// and init containers share one name space in a pod).
+fn check_unique(policy: &str, t: &Templates) -> Result<(), PolicyError> {
+    let lists: [(Vec<&template::TemplateItem>, &str); 4] = [
+        (
+            t.init_containers.iter().chain(&t.containers).collect(),
+            "name",
+        ),
+        (t.volumes.iter().collect(), "name"),
+        (t.env_vars.iter().collect(), "name"),
+        (t.volume_mounts.iter().collect(), "mountPath"),
+    ];
+    for (items, key) in lists {
+        if let Some(dup) = first_duplicate(items.iter().filter_map(|i| i.static_key())) {
+            let field = items
+                .iter()
+                .filter(|i| i.static_key() == Some(dup))
+                .nth(1)
+                .map(|i| format!("{}.{key}", i.field))
+                .unwrap_or_default();
+            return Err(PolicyError::DuplicateName {
+                policy: policy.to_owned(),
+                field,
+                name: dup.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One admission of one pod (or one pod template, offline).
+#[derive(Clone, Copy, Debug)]
+pub struct PodRequest<'a> {
+    pub operation: Operation,
+    /// The pod (or PodTemplateSpec: `metadata` + `spec`), read once.
+    pub object: &'a Pod<'a>,
+    pub namespace: &'a NamespaceContext,
+    pub exclusions: &'a Exclusions,
+    /// Whether the policy's selectors are decided here or were decided by the API server.
+    pub selection: Selection,
+}
+
+/// Who decides whether a policy's namespace and object selectors select the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Selection {
+    /// The engine evaluates both selectors: offline (`splice inject`, `simulate`, `explain`),
+    /// where no API server has matched anything.
+    Evaluate,
+    /// The API server matched the webhook configuration's selectors before calling the webhook,
+    /// so only the mandatory exclusions and the opt-out label are checked here. The webhook's
+    /// namespace cache can lag the API server (a namespace created or labelled a moment ago), and
+    /// the API server's decision is the one the cluster acted on.
+    ByApiServer,
+}
+
+/// What the engine decided for one pod.
+#[derive(Debug)]
+pub enum Decision {
+    /// A patch to apply (possibly empty when the pod already carries the current injection).
+    Inject(Injection),
+    /// Nothing to do, and why (with a stable label for metrics).
+    Skip(SkipReason),
+}
+
+#[derive(Clone, Debug)]
+pub struct Injection {
+    /// RFC 6902 operations, already serialized as a JSON array; `b"[]"` when nothing changes.
+    /// Shared, not copied, between the pods of one shape (see [`inject`]).
+    pub patch: Bytes,
+    /// True when `patch` holds at least one operation.
+    pub changed: bool,
+    /// Human-readable warnings for the AdmissionResponse (injected items, skipped author items).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    ExcludedNamespace,
+    OptedOut,
+    NamespaceNotSelected,
+    ObjectNotSelected,
+    OperationNotConfigured,
+    NotAPod,
+}
+
+impl SkipReason {
+    /// Stable label for `splice_injection_skipped_total{reason}`.
+    pub fn label(self) -> &'static str {
+        match self {
+            SkipReason::ExcludedNamespace => "excluded_namespace",
+            SkipReason::OptedOut => "opted_out",
+            SkipReason::NamespaceNotSelected => "namespace_not_selected",
+            SkipReason::ObjectNotSelected => "object_not_selected",
+            SkipReason::OperationNotConfigured => "operation_not_configured",
+            SkipReason::NotAPod => "not_a_pod",
+        }
+    }
+}
+
+/// Errors in a policy (found when compiling it). Each names the policy and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// A `{{ … }}` expression does not parse, names a variable outside `pod`, `namespace`,
+    /// `policy` and `values`, or (for a template that only reads `policy`/`values`) fails to
+    /// render.
+    #[error("policy {policy}: {field}: {message}")]
+    Template {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// A label selector that Kubernetes would reject (unknown operator, values where none are
+    /// allowed, no values where some are required).
+    #[error("policy {policy}: {field}: {message}")]
+    Selector {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// Two injected items of the same kind share a name (containers and init containers share
+    /// one name space).
+    #[error("policy {policy}: {field}: duplicate name {name:?}")]
+    DuplicateName {
+        policy: String,
+        field: String,
+        name: String,
+    },
+    /// A field the engine needs is missing or unusable (empty name, reserved key, ...).
+    #[error("policy {policy}: {field}: {message}")]
+    InvalidField {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// Content Pod Security `baseline` forbids, without `spec.allowPrivileged`.
+    #[error("policy {policy}: {field}: {message}")]
+    Privileged {
+        policy: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl PolicyError {
+    /// Stable label for metrics and conditions.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PolicyError::Template { .. } => "template",
+            PolicyError::Selector { .. } => "selector",
+            PolicyError::DuplicateName { .. } => "duplicate_name",
+            PolicyError::InvalidField { .. } => "invalid_field",
+            PolicyError::Privileged { .. } => "privileged",
+        }
+    }
+
+    /// The policy field the error is about.
+    pub fn field(&self) -> &str {
+        match self {
+            PolicyError::Template { field, .. }
+            | PolicyError::Selector { field, .. }
+            | PolicyError::DuplicateName { field, .. }
+            | PolicyError::InvalidField { field, .. }
+            | PolicyError::Privileged { field, .. } => field,
+        }
+    }
+}
+
+/// Errors while injecting one pod.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The object is not valid JSON, or a field the engine reads has the wrong type.
+    #[error("invalid object: {0}")]
+    InvalidObject(String),
+    /// A template failed to render for this pod (undefined variable, out of fuel, too large).
+    #[error("policy {policy}: {field}: {message}")]
+    Render {
+        policy: String,
+        field: String,
+        message: String,
+    },
+    /// A rendered value is unusable (an empty or duplicate name, an invalid label value).
+    #[error("policy {policy}: {field}: {message}")]
+    InvalidRender {
+        policy: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl EngineError {
+    /// Stable label for `splice_admission_requests_total{outcome}` and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EngineError::InvalidObject(_) => "invalid_object",
+            EngineError::Render { .. } => "render",
+            EngineError::InvalidRender { .. } => "invalid_render",
+        }
+    }
+}
+
+/// Decides and computes the injection of `policy` into `request.object`.
+pub fn inject(policy: &CompiledPolicy, request: &PodRequest<'_>) -> Result<Decision, EngineError> {
+    Ok(run(policy, request, false)?.0)
+}
+
+/// A pod as the engine takes it: its JSON text, never round-tripped through a typed struct, and
+/// what the engine reads of it, read in the same pass that checks the text is JSON.
+#[derive(Debug)]
+pub struct Pod<'a> {
+    text: &'a str,
+    /// What the engine reads, or why the value (valid JSON) is not shaped like a pod, with its
+    /// offset counted from the value's start.
+    view: Result<PodView<'a>, json::Error>,
+}
+
+impl<'a> Pod<'a> {
+    /// Reads a whole JSON document. Text that is not JSON is refused here; JSON not shaped like a
+    /// pod is kept with its shape error, which the engine reports only if asked to inject into it.
+    pub fn parse(text: &'a str) -> Result<Self, EngineError> {
+        Cursor::new(text)
+            .document(Self::read)
+            .map_err(|e| EngineError::InvalidObject(e.to_string()))
+    }
+
+    /// Reads the value at the cursor, as [`Pod::parse`] reads a document: the admission envelope
+    /// reads `request.object` this way, so the pod is neither checked nor read a second time.
+    pub fn read(c: &mut Cursor<'a>) -> Result<Self, json::Error> {
+        c.peek();
+        let start = c.offset();
+        let mut reader = c.clone();
+        let view = match PodView::read(&mut reader) {
+            Ok(view) => {
+                *c = reader;
+                Ok(view)
+            }
+            // The view stopped at the first misshapen field; a syntax error may still follow.
+            Err(e) if e.kind() == json::ErrorKind::Shape => {
+                c.skip_value()?;
+                Err(e.relative_to(start))
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Pod {
+            text: c.since(start),
+            view,
+        })
+    }
+
+    /// The pod's JSON text, verbatim.
+    pub fn text(&self) -> &'a str {
+        self.text
+    }
+
+    fn view(&self) -> Result<&PodView<'a>, EngineError> {
+        self.view
+            .as_ref()
+            .map_err(|e| EngineError::InvalidObject(e.to_string()))
+    }
+}
+
+/// Like [`inject`], and also returns the object with the patch applied (the input unchanged when
+/// the decision is a skip or the patch is empty). `splice inject` and `splice simulate` use it.
+pub fn inject_and_apply(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+) -> Result<(Decision, serde_json::Value), EngineError> {
+    let (decision, object) = run(policy, request, true)?;
+    match object {
+        Some(object) => Ok((decision, object)),
+        None => Ok((decision, parse_value(request.object.text)?)),
+    }
+}
+
+fn parse_value(object: &str) -> Result<serde_json::Value, EngineError> {
+    serde_json::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))
+}
+
+/// Why the engine leaves a pod alone, before any rendering.
+fn precheck(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+    view: &PodView<'_>,
+) -> Option<SkipReason> {
+    if view.kind.as_deref().is_some_and(|k| k != "Pod") {
+        return Some(SkipReason::NotAPod);
+    }
+    if !policy.spec.operations.contains(&request.operation) {
+        return Some(SkipReason::OperationNotConfigured);
+    }
+    let meta = view.metadata.as_ref();
+    let pod_ns = meta.and_then(|m| m.namespace.as_deref()).unwrap_or("");
+    if request.exclusions.excludes(&request.namespace.name)
+        || (!pod_ns.is_empty() && request.exclusions.excludes(pod_ns))
+    {
+        return Some(SkipReason::ExcludedNamespace);
+    }
+    let labels = meta.and_then(|m| m.labels.as_ref());
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(|v: &Str<'_>| &**v);
+    if label(OPT_OUT_LABEL) == Some("false") {
+        return Some(SkipReason::OptedOut);
+    }
+    if request.selection == Selection::ByApiServer {
+        return None;
+    }
+    if !policy.selects_namespace(request.namespace) {
+        return Some(SkipReason::NamespaceNotSelected);
+    }
+    if !policy.object_selector.matches(label) {
+        return Some(SkipReason::ObjectNotSelected);
+    }
+    None
+}
+
+fn run(
+    policy: &CompiledPolicy,
+    request: &PodRequest<'_>,
+    want_object: bool,
+) -> Result<(Decision, Option<serde_json::Value>), EngineError> {
+    let view = request.object.view()?;
+    if let Some(reason) = precheck(policy, request, view) {
+        return Ok((Decision::Skip(reason), None));
+    }
+    let status = plan::Status::read(view, &policy.name);
+
+    let deps = policy.templates.deps;
+    let meta_only = request.operation == Operation::Update;
+    let cached = if deps.pod {
+        None
+    } else {
+        let scope = if deps.namespace_beyond_name {
+            cache::Scope::NamespaceContext
+        } else if deps.namespace {
+            cache::Scope::NamespaceName
+        } else {
+            cache::Scope::Policy
+        };
+        Some(
+            policy
+                .render_cache
+                .get_or_render(scope, meta_only, request.namespace, || {
+                    render(policy, request, &status, meta_only)?
+                        .to_owned_rendering()
+                        .map_err(|e| EngineError::InvalidObject(e.to_string()))
+                })?,
+        )
+    };
+    let fresh;
+    let rendered = match &cached {
+        Some(rendering) => &**rendering,
+        None => {
+            fresh = render(policy, request, &status, meta_only)?;
+            &fresh
+        }
+    };
+    // Pods of one template (a Deployment's replicas) get one patch: with a cached rendering, the
+    // patch made for the first pod of a shape answers the next ones. The full path builds the
+    // mutated object from the operations, so it always plans.
+    let shape_key = match &cached {
+        Some(rendering) if !want_object => {
+            let mut key = cache::PlanCache::key_for(rendering);
+            shape::key(request.operation, view, &status, rendering, &mut key).then_some(key)
+        }
+        _ => None,
+    };
+    if let Some(key) = &shape_key
+        && let Some(injection) = policy.plan_cache.get(key)
+    {
+        return Ok((Decision::Inject(injection), None));
+    }
+    let plan = plan::plan(plan::PlanInput {
+        policy: &policy.name,
+        hash: &policy.hash,
+        operation: request.operation,
+        object: request.object.text,
+        view,
+        status: &status,
+        rendered,
+    })?;
+    let patch =
+        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let object = if want_object {
+        let mut doc = parse_value(request.object.text)?;
+        patch::apply(&mut doc, &plan.ops).map_err(|e| {
+            EngineError::InvalidObject(format!(
+                "the engine produced an inapplicable patch: {}",
+                e.0
+            ))
+        })?;
+        Some(doc)
+    } else {
+        None
+    };
+    let injection = Injection {
+        changed: !plan.ops.is_empty(),
+        patch: Bytes::from(patch),
+        warnings: plan.warnings,
+    };
+    if let (Some(key), Some(rendering)) = (shape_key, &cached) {
+        policy.plan_cache.insert(key, rendering, &injection);
+    }
+    Ok((Decision::Inject(injection), object))
+}
+
+/// Renders every template of `policy` for this request, and checks names that only exist after
+/// rendering.
+fn render<'p>(
+    policy: &'p CompiledPolicy,
+    request: &PodRequest<'_>,
+    status: &plan::Status,
+    meta_only: bool,
+) -> Result<template::Rendered<'p>, EngineError> {
+    let deps = policy.templates.deps;
+    let ctx = if deps.pod || deps.namespace {
+        let pod = if deps.pod {
+            let mut value = parse_value(request.object.text)?;
+            // Templates see the pod as it was before this policy's injection, so a template that
+            // reads the pod renders the same on its own output.
+            if let Some(mine) = &status.mine {
+                strip_for_render(&mut value, &policy.name, mine);
+            }
+            JValue::from_serialize(&value)
+        } else {
+            JValue::UNDEFINED
+        };
+        let ns = request.namespace;
+        let namespace = if deps.namespace {
+            minijinja::context! {
+                name => ns.name.as_str(),
+                labels => JValue::from_serialize(&ns.labels),
+                annotations => JValue::from_serialize(&ns.annotations),
+            }
+        } else {
+            JValue::UNDEFINED
+        };
+        minijinja::context! {
+            pod => pod,
+            namespace => namespace,
+            policy => policy.policy_ctx.clone(),
+            values => policy.values_ctx.clone(),
+        }
+    } else {
+        policy.static_ctx.clone()
+    };
+    let rendered = policy
+        .templates
+        .render(&ctx, meta_only)
+        .map_err(|e| EngineError::Render {
+            policy: policy.name.clone(),
+            field: e.field,
+            message: e.message,
+        })?;
+    if deps.pod || deps.namespace {
+        check_rendered_names(&policy.name, &rendered)?;
+    }
+    Ok(rendered)
+}
+
+/// Names that only exist after rendering must still be unique.
+fn check_rendered_names(policy: &str, r: &template::Rendered<'_>) -> Result<(), EngineError> {
+    let lists: [(Vec<&template::RItem<'_>>, &str); 4] = [
+        (
+            r.init_containers.iter().chain(&r.containers).collect(),
+            "name",
+        ),
+        (r.volumes.iter().collect(), "name"),
+        (r.env.iter().collect(), "name"),
+        (r.volume_mounts.iter().collect(), "mountPath"),
+    ];
+    for (items, key) in lists {
+        if let Some(dup) = first_duplicate(items.iter().map(|i| i.key.as_ref())) {
+            let field = items
+                .iter()
+                .filter(|i| i.key == dup)
+                .nth(1)
+                .map(|i| format!("{}.{key}", i.field))
+                .unwrap_or_default();
+            return Err(EngineError::InvalidRender {
+                policy: policy.to_owned(),
+                field,
+                message: format!("duplicate rendered name {dup:?}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Removes from `pod` what `mine` says this policy injected (for rendering only).
+fn strip_for_render(pod: &mut serde_json::Value, policy: &str, mine: &ProvenanceEntry) {
+    use serde_json::Value;
+    fn retain_named(list: Option<&mut Value>, names: &[String], key: &str) {
+        if let Some(Value::Array(items)) = list {
+            items.retain(|i| {
+                !i.get(key)
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| names.iter().any(|x| x == n))
+            });
+        }
+    }
+    if let Some(spec) = pod.get_mut("spec") {
+        retain_named(
+            spec.get_mut("initContainers"),
+            &mine.init_containers,
+            "name",
+        );
+        retain_named(spec.get_mut("containers"), &mine.containers, "name");
+        retain_named(spec.get_mut("volumes"), &mine.volumes, "name");
+        if let Some(Value::Array(containers)) = spec.get_mut("containers") {
+            for c in containers {
+                let Some(name) = c.get("name").and_then(Value::as_str).map(str::to_owned) else {
+                    continue;
+                };
+                if let Some(env) = mine.env.get(&name) {
+                    retain_named(c.get_mut("env"), env, "name");
+                }
+                if let Some(mounts) = mine.volume_mounts.get(&name) {
+                    retain_named(c.get_mut("volumeMounts"), mounts, "mountPath");
+                }
+            }
+        }
+    }
+    if let Some(meta) = pod.get_mut("metadata") {
+        if let Some(Value::Object(labels)) = meta.get_mut("labels") {
+            for k in &mine.labels {
+                labels.shift_remove(k);
+            }
+        }
+        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+            for k in &mine.annotations {
+                annotations.shift_remove(k);
+            }
+            let status = annotations
+                .get(STATUS_ANNOTATION)
+                .and_then(Value::as_str)
+                .and_then(|s| serde_json::from_str::<serde_json::Map<String, Value>>(s).ok());
+            if let Some(mut entries) = status {
+                entries.shift_remove(policy);
+                if entries.is_empty() {
+                    annotations.shift_remove(STATUS_ANNOTATION);
+                } else if let Ok(text) = serde_json::to_string(&entries) {
+                    annotations.insert(STATUS_ANNOTATION.to_owned(), Value::String(text));
+                }
+            }
+        }
+    }
+}
+
+/// Reads `text` as each of the engine's pod views with the JSON cursor and with the serde readers
+/// it replaced; an error describes the first disagreement. For the differential fuzz target.
+#[cfg(feature = "serde-oracle")]
+#[doc(hidden)]
+pub fn oracle_check_views(text: &str) -> Result<(), String> {
+    view::oracle::check(text)
+}
+
+/// Reads the `splice.dev/status` annotation of a pod (raw JSON): what each Splice policy injected.
+/// An absent annotation gives an empty map.
+pub fn provenance(object: &str) -> Result<Provenance, EngineError> {
+    let view: PodView<'_> =
+        view::from_str(object).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let raw = view
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(STATUS_ANNOTATION));
+    let Some(raw) = raw else {
+        return Ok(Provenance::new());
+    };
+    let text: Str<'_> = view::from_str(raw.get()).map_err(|e| {
+        EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        EngineError::InvalidObject(format!("metadata.annotations[{STATUS_ANNOTATION:?}]: {e}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use splice_crds::InjectionPolicy;
+
+    use super::*;
+
+    const POD: &str = include_str!("../../testdata/pod-8k.json");
+
+    fn sidecar() -> CompiledPolicy {
+        let p: InjectionPolicy =
+            serde_yaml::from_str(include_str!("../../testdata/policy-sidecar.yaml")).unwrap();
+        CompiledPolicy::compile("mesh-proxy", 3, &p.spec).unwrap()
+    }
+
+    fn patch(policy: &CompiledPolicy, pod: &serde_json::Value) -> Injection {
+        let text = pod.to_string();
+        let ns = NamespaceContext {
+            name: "shop".into(),
+            ..Default::default()
+        };
+        let ex = Exclusions::default_for("splice-system");
+        let req = PodRequest {
+            operation: Operation::Create,
+            object: &Pod::parse(&text).unwrap(),
+            namespace: &ns,
+            exclusions: &ex,
+            selection: Selection::Evaluate,
+        };
+        match inject(policy, &req).unwrap() {
+            Decision::Inject(i) => i,
+            other => panic!("expected an injection, got {other:?}"),
+        }
+    }
+
+    /// `pod` with one more env var in its first container.
+    fn with_env(pod: &serde_json::Value, name: &str) -> serde_json::Value {
+        let mut pod = pod.clone();
+        pod["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"name": name, "value": "author"}));
+        pod
+    }
+
+    #[test]
+    fn replicas_of_one_template_share_one_kept_patch_and_a_taken_env_name_makes_another() {
+        let policy = sidecar();
+        let first: serde_json::Value = serde_json::from_str(POD).unwrap();
+        let a = patch(&policy, &first);
+        assert_eq!(policy.plan_cache.len(), 1);
+
+        // Another replica: its own name, image, and an env var the policy does not set.
+        let mut replica = with_env(&first, "REPLICA_ONLY");
+        replica["metadata"]["name"] = "web-8k-2".into();
+        replica["spec"]["containers"][0]["image"] = "registry.example/web:2".into();
+        let b = patch(&policy, &replica);
+        assert_eq!(policy.plan_cache.len(), 1);
+        assert_eq!((&a.patch, &a.warnings), (&b.patch, &b.warnings));
+
+        // The author sets one of the policy's env vars: the injected one is skipped there.
+        let c = patch(&policy, &with_env(&first, "MESH_ENABLED"));
+        assert_eq!(policy.plan_cache.len(), 2);
+        assert_ne!(a.patch, c.patch);
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w.contains("kept the pod's own env MESH_ENABLED")),
+            "{:?}",
+            c.warnings
+        );
+    }
+
+    #[test]
+    fn a_pod_carrying_a_status_annotation_is_planned_every_time() {
+        let policy = sidecar();
+        let mut pod: serde_json::Value = serde_json::from_str(POD).unwrap();
+        pod["metadata"]["annotations"][STATUS_ANNOTATION] = "{}".into();
+        let first = patch(&policy, &pod);
+        let again = patch(&policy, &pod);
+        assert_eq!(policy.plan_cache.len(), 0);
+        assert_eq!(first.patch, again.patch);
+    }
+}

@@ -1,0 +1,387 @@
+//! RFC 6902 JSON Patch: the operations the engine emits, their serialization, and a small applier
+//! for producing the mutated object (`splice inject`, `splice simulate`).
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+use super::template::RItem;
+use super::wire::Writer;
+
+/// Appends `token` to a JSON pointer, escaping `~` as `~0` and `/` as `~1` (RFC 6901).
+pub(crate) fn push_token(pointer: &mut String, token: &str) {
+    pointer.push('/');
+    escaped_token(token, |piece| pointer.push_str(piece));
+}
+
+/// `token` escaped as a JSON pointer token (RFC 6901), handed out in pieces: the text between
+/// `~` and `/`, and `~0` or `~1` for each of them.
+fn escaped_token(token: &str, mut piece: impl FnMut(&str)) {
+    let mut rest = token;
+    while let Some(at) = rest.find(['~', '/']) {
+        piece(&rest[..at]);
+        piece(if rest.as_bytes()[at] == b'~' {
+            "~0"
+        } else {
+            "~1"
+        });
+        rest = &rest[at + 1..];
+    }
+    piece(rest);
+}
+
+#[cfg(test)]
+pub(crate) fn pointer(tokens: &[&str]) -> String {
+    let mut p = String::new();
+    for t in tokens {
+        push_token(&mut p, t);
+    }
+    p
+}
+
+/// Where an operation applies, kept in pieces so that no pointer is formatted per request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Path<'x> {
+    /// A pointer needing no escape.
+    Fixed(&'static str),
+    /// `{base}/{index}`.
+    Index(&'static str, usize),
+    /// `/spec/containers/{index}{suffix}`.
+    Container(usize, &'static str),
+    /// `/spec/containers/{index}{suffix}/{index}`.
+    ContainerIndex(usize, &'static str, usize),
+    /// `{base}/{key}`, the key escaped as RFC 6901 says.
+    Key(&'static str, Cow<'x, str>),
+}
+
+impl Path<'_> {
+    /// Writes the pointer as a JSON string.
+    fn write(&self, out: &mut Writer) {
+        out.byte(b'"');
+        match self {
+            Path::Fixed(p) => out.string_body(p),
+            Path::Index(base, i) => {
+                out.string_body(base);
+                out.byte(b'/');
+                out.decimal(*i);
+            }
+            Path::Container(i, suffix) => {
+                out.bytes(b"/spec/containers/");
+                out.decimal(*i);
+                out.string_body(suffix);
+            }
+            Path::ContainerIndex(ci, suffix, i) => {
+                out.bytes(b"/spec/containers/");
+                out.decimal(*ci);
+                out.string_body(suffix);
+                out.byte(b'/');
+                out.decimal(*i);
+            }
+            Path::Key(base, key) => {
+                out.string_body(base);
+                out.byte(b'/');
+                escaped_token(key, |piece| out.string_body(piece));
+            }
+        }
+        out.byte(b'"');
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Path::Fixed(p) => p.len(),
+            Path::Index(base, _) => base.len() + 4,
+            Path::Container(_, suffix) => 20 + suffix.len(),
+            Path::ContainerIndex(_, suffix, _) => 24 + suffix.len(),
+            Path::Key(base, key) => base.len() + 1 + key.len(),
+        }
+    }
+}
+
+impl std::fmt::Display for Path<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Path::Fixed(p) => f.write_str(p),
+            Path::Index(base, i) => write!(f, "{base}/{i}"),
+            Path::Container(i, suffix) => write!(f, "/spec/containers/{i}{suffix}"),
+            Path::ContainerIndex(ci, suffix, i) => {
+                write!(f, "/spec/containers/{ci}{suffix}/{i}")
+            }
+            Path::Key(base, key) => {
+                let mut p = (*base).to_owned();
+                push_token(&mut p, key);
+                f.write_str(&p)
+            }
+        }
+    }
+}
+
+/// A string value: as is, or already escaped for a JSON string (the status annotation, written
+/// escaped in the first place because it is JSON inside a JSON string).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Text<'x> {
+    Plain(Cow<'x, str>),
+    /// The body of a JSON string literal (without its quotes), UTF-8.
+    Escaped(Vec<u8>),
+}
+
+impl Text<'_> {
+    fn write(&self, out: &mut Writer) {
+        match self {
+            Text::Plain(s) => out.string(s),
+            Text::Escaped(body) => {
+                out.byte(b'"');
+                out.bytes(body);
+                out.byte(b'"');
+            }
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Text::Plain(s) => s.len(),
+            Text::Escaped(s) => s.len(),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        match self {
+            Text::Plain(s) => Value::String(s.to_string()),
+            // Only the offline path applies the patch; the engine wrote this escape itself.
+            Text::Escaped(body) => {
+                let mut quoted = Vec::with_capacity(body.len() + 2);
+                quoted.push(b'"');
+                quoted.extend_from_slice(body);
+                quoted.push(b'"');
+                serde_json::from_slice(&quoted)
+                    .unwrap_or_else(|e| Value::String(format!("unreadable escaped text: {e}")))
+            }
+        }
+    }
+}
+
+/// A value in an operation, kept borrowed until serialization.
+#[derive(Debug)]
+pub(crate) enum OpValue<'x> {
+    /// One rendered item (container, volume, env var, ...).
+    Item(&'x RItem<'x>),
+    /// A new array of rendered items (the parent list was absent).
+    Items(Vec<&'x RItem<'x>>),
+    Str(Text<'x>),
+    /// A new object of string values (labels or annotations that were absent).
+    StrMap(Vec<(Cow<'x, str>, Text<'x>)>),
+    EmptyObject,
+}
+
+#[derive(Debug)]
+pub(crate) enum Op<'x> {
+    Add(Path<'x>, OpValue<'x>),
+    Replace(Path<'x>, OpValue<'x>),
+    Remove(Path<'x>),
+}
+
+impl OpValue<'_> {
+    fn write(&self, out: &mut Writer) -> Result<(), serde_json::Error> {
+        match self {
+            OpValue::Item(item) => write_item(item, out)?,
+            OpValue::Items(items) => {
+                out.byte(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.byte(b',');
+                    }
+                    write_item(item, out)?;
+                }
+                out.byte(b']');
+            }
+            OpValue::Str(s) => s.write(out),
+            OpValue::StrMap(entries) => {
+                out.byte(b'{');
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.byte(b',');
+                    }
+                    out.string(k);
+                    out.byte(b':');
+                    v.write(out);
+                }
+                out.byte(b'}');
+            }
+            OpValue::EmptyObject => out.bytes(b"{}"),
+        }
+        Ok(())
+    }
+
+    pub fn to_value(&self) -> Value {
+        match self {
+            OpValue::Item(item) => item.value.as_ref().clone(),
+            OpValue::Items(items) => {
+                Value::Array(items.iter().map(|i| i.value.as_ref().clone()).collect())
+            }
+            OpValue::Str(s) => s.to_value(),
+            OpValue::StrMap(entries) => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_value()))
+                    .collect(),
+            ),
+            OpValue::EmptyObject => Value::Object(Default::default()),
+        }
+    }
+}
+
+impl Op<'_> {
+    /// About the length of this operation's JSON (exact for pre-serialized items and strings
+    /// without escapes).
+    fn size_hint(&self) -> usize {
+        let (path, value) = match self {
+            Op::Add(p, v) | Op::Replace(p, v) => (p, Some(v)),
+            Op::Remove(p) => (p, None),
+        };
+        let value = match value {
+            None => 0,
+            Some(v) => 10 + v.size_hint(),
+        };
+        32 + path.len() + value
+    }
+}
+
+impl OpValue<'_> {
+    fn size_hint(&self) -> usize {
+        let item = |i: &RItem<'_>| i.json.as_ref().map_or(256, |j| j.json_len()) + 1;
+        match self {
+            OpValue::Item(i) => item(i),
+            OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),
+            OpValue::Str(s) => s.len() + 2,
+            OpValue::StrMap(entries) => {
+                2 + entries
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 6)
+                    .sum::<usize>()
+            }
+            OpValue::EmptyObject => 2,
+        }
+    }
+}
+
+fn write_item(item: &RItem<'_>, out: &mut Writer) -> Result<(), serde_json::Error> {
+    match &item.json {
+        Some(json) => out.fragment(json),
+        None => out.value(item.value.as_ref())?,
+    }
+    Ok(())
+}
+
+/// Serializes `ops` as a JSON array.
+pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Vec<u8>, serde_json::Error> {
+    // Sized from the operations, so that a patch carrying whole containers is written without
+    // growing the buffer several times.
+    let size: usize = ops.iter().map(Op::size_hint).sum();
+    let mut out = Writer::with_capacity(2 + size);
+    out.byte(b'[');
+    for (i, op) in ops.iter().enumerate() {
+        if i > 0 {
+            out.byte(b',');
+        }
+        let (name, path, value): (&[u8], _, _) = match op {
+            Op::Add(p, v) => (b"{\"op\":\"add\",\"path\":", p, Some(v)),
+            Op::Replace(p, v) => (b"{\"op\":\"replace\",\"path\":", p, Some(v)),
+            Op::Remove(p) => (b"{\"op\":\"remove\",\"path\":", p, None),
+        };
+        out.bytes(name);
+        path.write(&mut out);
+        if let Some(v) = value {
+            out.bytes(b",\"value\":");
+            v.write(&mut out)?;
+        }
+        out.byte(b'}');
+    }
+    out.byte(b']');
+    Ok(out.finish())
+}
+
+/// Why applying an operation failed: a bug in the engine, never a property of the input, since the
+/// engine only emits paths it has seen.
+#[derive(Debug)]
+pub(crate) struct ApplyError(pub String);
+
+fn unescape(token: &str) -> Cow<'_, str> {
+    if token.contains('~') {
+        Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
+    } else {
+        Cow::Borrowed(token)
+    }
+}
+
+/// Applies `ops` to `doc` in order.
+pub(crate) fn apply(doc: &mut Value, ops: &[Op<'_>]) -> Result<(), ApplyError> {
+    for op in ops {
+        let (path, value) = match op {
+            Op::Add(p, v) | Op::Replace(p, v) => (p, Some(v)),
+            Op::Remove(p) => (p, None),
+        };
+        let path = path.to_string();
+        let (parent_path, last) = path
+            .rsplit_once('/')
+            .ok_or_else(|| ApplyError(format!("invalid path {path}")))?;
+        let last = unescape(last);
+        let parent = doc
+            .pointer_mut(parent_path)
+            .ok_or_else(|| ApplyError(format!("no parent for {path}")))?;
+        match (op, parent) {
+            (Op::Add(..), Value::Object(map)) | (Op::Replace(..), Value::Object(map)) => {
+                map.insert(
+                    last.into_owned(),
+                    value.map(OpValue::to_value).unwrap_or_default(),
+                );
+            }
+            (Op::Remove(_), Value::Object(map)) => {
+                map.shift_remove(last.as_ref())
+                    .ok_or_else(|| ApplyError(format!("nothing to remove at {path}")))?;
+            }
+            (Op::Add(..), Value::Array(items)) => {
+                let v = value.map(OpValue::to_value).unwrap_or_default();
+                if last == "-" {
+                    items.push(v);
+                } else {
+                    let i = index(&last, items.len() + 1, &path)?;
+                    items.insert(i, v);
+                }
+            }
+            (Op::Replace(..), Value::Array(items)) => {
+                let i = index(&last, items.len(), &path)?;
+                items[i] = value.map(OpValue::to_value).unwrap_or_default();
+            }
+            (Op::Remove(_), Value::Array(items)) => {
+                let i = index(&last, items.len(), &path)?;
+                items.remove(i);
+            }
+            _ => return Err(ApplyError(format!("parent of {path} is not a container"))),
+        }
+    }
+    Ok(())
+}
+
+fn index(token: &str, bound: usize, path: &str) -> Result<usize, ApplyError> {
+    token
+        .parse::<usize>()
+        .ok()
+        .filter(|i| *i < bound)
+        .ok_or_else(|| ApplyError(format!("index out of range in {path}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointer_tokens_escape_tilde_before_slash() {
+        assert_eq!(
+            pointer(&["metadata", "annotations", "a~b/c"]),
+            "/metadata/annotations/a~0b~1c"
+        );
+        assert_eq!(unescape("a~0b~1c"), "a~b/c");
+        // "~01" is "~" followed by "1", not "/".
+        assert_eq!(pointer(&["~1"]), "/~01");
+        assert_eq!(unescape("~01"), "~1");
+    }
+}

@@ -1,0 +1,529 @@
+//! The request function: one HTTP request in, one response out, no I/O of its own besides reading
+//! the body. The TLS listener and the fuzz target both drive it.
+
+use std::error::Error as StdError;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Body;
+
+use crate::admission::{self, Review};
+use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
+use crate::server::{WebhookConfig, validate};
+use crate::store::{NamespaceStore, PolicyStore, namespace_context};
+use splice_engine::{
+    self, CompiledPolicy, Decision, NamespaceContext, PodRequest, Selection, SkipReason,
+};
+
+/// The `policy` label of requests to `/inject/<name>` for a name no loaded policy has. Request
+/// input never becomes a label value, so an unbounded set of paths cannot grow the registry.
+pub const UNKNOWN_POLICY_LABEL: &str = "_unknown";
+/// The `policy` label of the benchmark-only null handler.
+#[cfg(feature = "bench-baselines")]
+pub const NULL_POLICY_LABEL: &str = "_null";
+/// The path of the validating webhook for InjectionPolicies.
+pub const VALIDATE_PATH: &str = "/validate";
+/// The `policy` label of requests to [`VALIDATE_PATH`].
+pub const VALIDATE_POLICY_LABEL: &str = "_validate";
+
+/// What a completed, non-dry-run admission tells the outside world. Nothing implements a side
+/// effect today (the webhook is registered with `sideEffects: None`); the hook exists so that the
+/// place where one would go is explicit and provably skipped for `dryRun` requests.
+pub trait AdmissionHook: Send + Sync {
+    fn admitted(&self, admission: &Admitted<'_>);
+}
+
+/// One admission the engine decided to inject (possibly with an empty patch).
+#[derive(Debug)]
+pub struct Admitted<'a> {
+    pub policy: &'a str,
+    pub uid: &'a str,
+    pub namespace: &'a str,
+    /// Empty for pods created with `generateName`.
+    pub name: Option<&'a str>,
+    pub operation: splice_crds::Operation,
+    /// True when the response carries a non-empty patch.
+    pub changed: bool,
+}
+
+type HttpResponse = Response<Full<Bytes>>;
+
+struct Inner {
+    config: WebhookConfig,
+    policies: Arc<PolicyStore>,
+    namespaces: Arc<NamespaceStore>,
+    metrics: Arc<Metrics>,
+    unknown: Arc<AdmissionMetrics>,
+    #[cfg(feature = "bench-baselines")]
+    null: Arc<AdmissionMetrics>,
+    validate: Arc<AdmissionMetrics>,
+    hook: Option<Arc<dyn AdmissionHook>>,
+}
+
+/// The admission request handler. Cheap to clone (one `Arc`).
+#[derive(Clone)]
+pub struct Handler {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handler")
+            .field("policies", &self.inner.policies.names())
+            .finish_non_exhaustive()
+    }
+}
+
+enum Route<'a> {
+    Inject(&'a str),
+    Validate,
+    #[cfg(feature = "bench-baselines")]
+    Null(NullWork),
+    NotFound,
+}
+
+/// How much of an injection's work a null-handler baseline does before answering "allowed".
+#[cfg(feature = "bench-baselines")]
+#[derive(Clone, Copy)]
+enum NullWork {
+    /// `/null`: finds the uid and nothing else; the server stack alone.
+    Nothing,
+    /// `/null/read`: reads the review as `/inject` does (UTF-8 and JSON checks of the whole body,
+    /// the envelope and the pod view) and stops before the engine, so a benchmark can tell the
+    /// cost of reading the request from the cost of deciding and writing the patch.
+    Read,
+}
+
+enum Target<'a> {
+    Policy(&'a str, Arc<CompiledPolicy>),
+    Validate,
+    Unknown,
+    #[cfg(feature = "bench-baselines")]
+    Null(NullWork),
+}
+
+impl Handler {
+    pub fn new(
+        config: WebhookConfig,
+        policies: Arc<PolicyStore>,
+        namespaces: Arc<NamespaceStore>,
+        metrics: Arc<Metrics>,
+        hook: Option<Arc<dyn AdmissionHook>>,
+    ) -> Self {
+        let unknown = metrics.admission(UNKNOWN_POLICY_LABEL);
+        #[cfg(feature = "bench-baselines")]
+        let null = metrics.admission(NULL_POLICY_LABEL);
+        let validate = metrics.admission(VALIDATE_POLICY_LABEL);
+        Handler {
+            inner: Arc::new(Inner {
+                config,
+                policies,
+                namespaces,
+                metrics,
+                unknown,
+                #[cfg(feature = "bench-baselines")]
+                null,
+                validate,
+                hook,
+            }),
+        }
+    }
+
+    /// A handler over a fixed set of policies (with the null routes when built with them), no namespace labels
+    /// (namespace selectors see only the name), its own metrics and no hook: what benchmarks and
+    /// fuzzers drive in memory.
+    pub fn with_static_policies(policies: impl IntoIterator<Item = CompiledPolicy>) -> Self {
+        let store = Arc::new(PolicyStore::new());
+        store.replace_all(
+            policies
+                .into_iter()
+                .map(|p| (p.name().to_owned(), Arc::new(p))),
+        );
+        let mut config = WebhookConfig::new("splice-system");
+        #[cfg(feature = "bench-baselines")]
+        {
+            config.null_handler = true;
+        }
+        config.cache_wait = None;
+        Handler::new(
+            config,
+            store,
+            Arc::new(NamespaceStore::new()),
+            Arc::new(Metrics::new()),
+            None,
+        )
+    }
+
+    fn route<'p>(&self, path: &'p str) -> Route<'p> {
+        if path == VALIDATE_PATH {
+            return Route::Validate;
+        }
+        if let Some(name) = path.strip_prefix("/inject/")
+            && !name.is_empty()
+            && !name.contains('/')
+        {
+            return Route::Inject(name);
+        }
+        #[cfg(feature = "bench-baselines")]
+        if self.inner.config.null_handler {
+            match path {
+                "/null" => return Route::Null(NullWork::Nothing),
+                "/null/read" => return Route::Null(NullWork::Read),
+                _ => {}
+            }
+        }
+        Route::NotFound
+    }
+
+    /// Answers one HTTP request. Never panics on input; every failure is a status and a reason.
+    pub async fn handle<B>(&self, request: Request<B>) -> HttpResponse
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let (parts, body) = request.into_parts();
+        let (target, metrics) = match self.route(parts.uri.path()) {
+            Route::NotFound => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "no such endpoint; POST /inject/<policy> or /validate",
+                );
+            }
+            #[cfg(feature = "bench-baselines")]
+            Route::Null(work) => (Target::Null(work), Arc::clone(&self.inner.null)),
+            Route::Validate => (Target::Validate, Arc::clone(&self.inner.validate)),
+            Route::Inject(name) => match self.policy(name).await {
+                Some(policy) => (
+                    Target::Policy(name, policy),
+                    self.inner.metrics.admission(name),
+                ),
+                None => (Target::Unknown, Arc::clone(&self.inner.unknown)),
+            },
+        };
+        let (response, outcome) = match self.read_body(&parts, body).await {
+            Err(rejection) => (rejection, Outcome::BadRequest),
+            Ok(body) => match target {
+                #[cfg(feature = "bench-baselines")]
+                Target::Null(NullWork::Nothing) => (null_response(&body), Outcome::Null),
+                #[cfg(feature = "bench-baselines")]
+                Target::Null(NullWork::Read) => match admission::parse_review(&body) {
+                    Ok(review) => (allow(&review, None, &[]), Outcome::Null),
+                    Err(e) => malformed(&e),
+                },
+                Target::Unknown => self.admit(None, &metrics, &body).await,
+                Target::Validate => validate_policy(&body),
+                Target::Policy(name, policy) => {
+                    self.admit(Some((name, &policy)), &metrics, &body).await
+                }
+            },
+        };
+        metrics.observe(outcome, started.elapsed());
+        response
+    }
+
+    /// The policy `/inject/<name>` asks for. The API server only calls a path that a webhook
+    /// configuration names, so a policy missing here is one this replica's watch has not
+    /// delivered yet (or one deleted a moment ago): wait for it rather than admit the pod
+    /// uninjected.
+    async fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        let policies = &self.inner.policies;
+        match self.inner.config.cache_wait {
+            Some(within) => policies.wait_for(name, within).await,
+            None => policies.get(name),
+        }
+    }
+
+    /// The namespace a pod is admitted into. Selection is the API server's (see
+    /// [`Selection::ByApiServer`]), so the context only feeds templates: an unknown namespace is
+    /// waited for only when a template reads its labels or annotations.
+    async fn namespace(&self, policy: &CompiledPolicy, name: &str) -> Arc<NamespaceContext> {
+        let store = &self.inner.namespaces;
+        if let Some(within) = self.inner.config.cache_wait
+            && policy.reads_namespace_metadata()
+            && let Some(known) = store.wait_for(name, within).await
+        {
+            return known;
+        }
+        namespace_context(store, name)
+    }
+
+    /// Method, content type and size checks, then the body, read with a size cap so that an
+    /// oversized request is refused without buffering more than the cap.
+    async fn read_body<B>(
+        &self,
+        parts: &http::request::Parts,
+        body: B,
+    ) -> Result<Bytes, HttpResponse>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<Box<dyn StdError + Send + Sync>>,
+    {
+        let config = &self.inner.config;
+        if parts.method != Method::POST {
+            let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "only POST is allowed");
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return Err(response);
+        }
+        if !is_json(parts.headers.get(header::CONTENT_TYPE)) {
+            return Err(text(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "Content-Type must be application/json",
+            ));
+        }
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > config.max_body_bytes as u64) {
+            return Err(too_large(config.max_body_bytes));
+        }
+        let limited = Limited::new(body, config.max_body_bytes);
+        match tokio::time::timeout(config.body_read_timeout, limited.collect()).await {
+            Err(_) => Err(text(
+                StatusCode::REQUEST_TIMEOUT,
+                "the request body did not arrive in time",
+            )),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                Err(too_large(config.max_body_bytes))
+            }
+            Ok(Err(e)) => Err(text(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the request body: {e}"),
+            )),
+            Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        }
+    }
+
+    async fn admit(
+        &self,
+        policy: Option<(&str, &CompiledPolicy)>,
+        metrics: &AdmissionMetrics,
+        body: &[u8],
+    ) -> (HttpResponse, Outcome) {
+        let review = match admission::parse_review(body) {
+            Ok(review) => review,
+            Err(e) => return malformed(&e),
+        };
+        let Some((policy_name, policy)) = policy else {
+            // Counted and answered with a warning; a log line per request would flood during the
+            // moment between a policy's deletion and its webhook configuration's.
+            tracing::debug!(uid = %review.uid, "admission request for a policy this webhook does not know");
+            let warning = "splice: no InjectionPolicy of that name is loaded on this webhook; \
+                           the object was admitted unchanged"
+                .to_owned();
+            return (allow(&review, None, &[warning]), Outcome::UnknownPolicy);
+        };
+        let skip = |reason: SkipReason| {
+            metrics.skipped(reason);
+            (allow(&review, None, &[]), Outcome::Skipped)
+        };
+        if !review.is_pod {
+            return skip(SkipReason::NotAPod);
+        }
+        let Some(operation) = review.operation.injectable() else {
+            return skip(SkipReason::OperationNotConfigured);
+        };
+        let Some(object) = review.object.as_ref() else {
+            // parse_review refuses a pod CREATE/UPDATE without an object; stay total anyway.
+            return skip(SkipReason::NotAPod);
+        };
+        let namespace = self.namespace(policy, &review.namespace).await;
+        let request = PodRequest {
+            operation,
+            object,
+            namespace: &namespace,
+            exclusions: &self.inner.config.exclusions,
+            // When the webhook configuration is older than the policy (a selector just changed),
+            // the configuration's match still wins: it is what the cluster enforces for this very
+            // request, and the leader brings the configuration up to date moments later.
+            selection: Selection::ByApiServer,
+        };
+        // A bug in the engine must cost one request, answered as an error, not the connection.
+        let decided =
+            std::panic::catch_unwind(AssertUnwindSafe(|| splice_engine::inject(policy, &request)));
+        match decided {
+            Ok(Ok(Decision::Inject(injection))) => {
+                if !review.dry_run {
+                    if injection.changed {
+                        metrics.injected();
+                    }
+                    if let Some(hook) = &self.inner.hook {
+                        hook.admitted(&Admitted {
+                            policy: policy_name,
+                            uid: &review.uid,
+                            namespace: &review.namespace,
+                            name: review.name.as_deref(),
+                            operation,
+                            changed: injection.changed,
+                        });
+                    }
+                }
+                let (patch, outcome) = if injection.changed {
+                    (Some(&injection.patch[..]), Outcome::Injected)
+                } else {
+                    (None, Outcome::Unchanged)
+                };
+                (allow(&review, patch, &injection.warnings), outcome)
+            }
+            Ok(Ok(Decision::Skip(reason))) => skip(reason),
+            Ok(Err(e)) => {
+                // An invalid-object message may quote the pod, which may hold secrets: log the
+                // kind only. Template errors name a field and a cause, which operators need.
+                let detail = match &e {
+                    splice_engine::EngineError::InvalidObject(_) => String::new(),
+                    other => other.to_string(),
+                };
+                tracing::warn!(
+                    policy = policy_name,
+                    uid = %review.uid,
+                    namespace = %review.namespace,
+                    error = e.label(),
+                    detail,
+                    "injection failed; the API server applies the webhook's failure policy"
+                );
+                let message = format!("splice could not compute the injection: {e}");
+                (
+                    text(StatusCode::INTERNAL_SERVER_ERROR, &message),
+                    Outcome::Error,
+                )
+            }
+            Err(_) => {
+                tracing::error!(uid = %review.uid, "the injection engine panicked");
+                let message = "splice could not compute the injection: internal error";
+                (
+                    text(StatusCode::INTERNAL_SERVER_ERROR, message),
+                    Outcome::Error,
+                )
+            }
+        }
+    }
+}
+
+/// Answers the validating webhook: InjectionPolicy CREATE and UPDATE are judged by the compiler;
+/// any other operation (DELETE above all) is allowed, so that removing a policy never depends on
+/// Splice.
+fn validate_policy(body: &[u8]) -> (HttpResponse, Outcome) {
+    let review = match admission::parse_review(body) {
+        Ok(review) => review,
+        Err(e) => return malformed(&e),
+    };
+    if review.operation.injectable().is_none() {
+        return (allow(&review, None, &[]), Outcome::Allowed);
+    }
+    let Some(object) = review.object.as_ref() else {
+        tracing::debug!(uid = %review.uid, "rejected a policy review without an object");
+        let message = format!(
+            "request.object is missing for a {} of an InjectionPolicy",
+            review.operation.as_str()
+        );
+        return (text(StatusCode::BAD_REQUEST, &message), Outcome::BadRequest);
+    };
+    match validate::judge(object.text()) {
+        validate::Verdict::Admit(warnings) => {
+            let warnings: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+            (allow(&review, None, &warnings), Outcome::Allowed)
+        }
+        validate::Verdict::Refuse(message) => {
+            let body = admission::denied_response(
+                &review.api_version,
+                &review.kind,
+                &review.uid,
+                &message,
+                &[],
+            );
+            (json(body), Outcome::Denied)
+        }
+    }
+}
+
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(value) = content_type.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+}
+
+fn allow(review: &Review<'_>, patch: Option<&[u8]>, warnings: &[String]) -> HttpResponse {
+    let body = admission::allowed_response(
+        &review.api_version,
+        &review.kind,
+        &review.uid,
+        patch,
+        warnings,
+    );
+    json(body)
+}
+
+/// The 400 for a body that is no AdmissionReview. The reason names the failure (class, byte
+/// offset, the field) and never quotes the body beyond a clipped value.
+fn malformed(e: &admission::ReviewError) -> (HttpResponse, Outcome) {
+    tracing::debug!(reason = e.label(), "rejected a malformed AdmissionReview");
+    (
+        text(StatusCode::BAD_REQUEST, &e.to_string()),
+        Outcome::BadRequest,
+    )
+}
+
+#[cfg(feature = "bench-baselines")]
+fn null_response(body: &[u8]) -> HttpResponse {
+    let uid = admission::scan_uid(body).unwrap_or_default();
+    json(admission::allowed_response(
+        admission::API_VERSION,
+        admission::KIND,
+        uid,
+        None,
+        &[],
+    ))
+}
+
+fn json(body: Vec<u8>) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn text(status: StatusCode, message: &str) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::from(format!("{message}\n"))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn too_large(limit: usize) -> HttpResponse {
+    text(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!("the request body exceeds {limit} bytes"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_content_types_with_parameters_are_accepted() {
+        let ok = |v: &'static str| is_json(Some(&HeaderValue::from_static(v)));
+        assert!(ok("application/json"));
+        assert!(ok("application/json; charset=utf-8"));
+        assert!(ok("Application/JSON;charset=UTF-8"));
+        assert!(!ok("application/jsonx"));
+        assert!(!ok("text/plain"));
+        assert!(!ok("application/yaml; x=application/json"));
+        assert!(!is_json(None));
+    }
+}

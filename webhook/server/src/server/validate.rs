@@ -1,0 +1,119 @@
+//! `POST /validate`: the validating webhook for InjectionPolicy CREATE and UPDATE (dry runs
+//! included). The object is judged by the compiler the injecting webhook and the reconcile use
+//! ([`CompiledPolicy::compile`]), so what is refused here is exactly what would never be served;
+//! what compiles is admitted with the compiler's warnings, which kubectl prints.
+
+use serde::Deserialize;
+use splice_crds::InjectionPolicySpec;
+
+use splice_engine::{CompiledPolicy, PolicyWarning};
+
+/// The parts of an InjectionPolicy the judgement reads. Anything else (status, the rest of the
+/// metadata) is ignored.
+#[derive(Deserialize)]
+struct PolicyObject {
+    #[serde(default)]
+    metadata: Metadata,
+    #[serde(default)]
+    spec: InjectionPolicySpec,
+}
+
+#[derive(Default, Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    generation: Option<i64>,
+}
+
+/// The verdict on one InjectionPolicy object.
+#[derive(Debug)]
+pub enum Verdict {
+    /// It compiles; these are its warnings.
+    Admit(Vec<PolicyWarning>),
+    /// It does not: the message names the field and the reason.
+    Refuse(String),
+}
+
+/// Judges the JSON text of an InjectionPolicy as the API server hands it to a validating
+/// webhook (after its own schema validation and defaulting).
+pub fn judge(object: &str) -> Verdict {
+    let mut de = serde_json::Deserializer::from_str(object);
+    let parsed: Result<PolicyObject, _> = serde_path_to_error::deserialize(&mut de);
+    let policy = match parsed {
+        Ok(p) => p,
+        Err(e) => {
+            let path = e.path().to_string();
+            return Verdict::Refuse(format!("{path}: {}", e.into_inner()));
+        }
+    };
+    let name = policy.metadata.name.unwrap_or_default();
+    // The API server sets generation 1 on create and bumps it on a spec change before any
+    // validating webhook sees the object; a template reading `policy.generation` renders the same.
+    let generation = policy.metadata.generation.unwrap_or(1);
+    match CompiledPolicy::compile(&name, generation, &policy.spec) {
+        Ok(compiled) => Verdict::Admit(compiled.warnings().to_vec()),
+        Err(e) => Verdict::Refuse(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+
+    fn judge_json(v: serde_json::Value) -> Verdict {
+        judge(&v.to_string())
+    }
+
+    fn policy(template: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": "splice.dev/v1alpha1",
+            "kind": "InjectionPolicy",
+            "metadata": {"name": "mesh", "generation": 2, "uid": "u"},
+            "spec": {"values": {"image": "proxy:1"}, "template": template},
+            "status": {"conditions": []},
+        })
+    }
+
+    #[test]
+    fn an_undefined_value_is_refused_with_its_field_path() {
+        let v = judge_json(policy(serde_json::json!({
+            "containers": [{"name": "proxy", "image": "{{ values.imgae }}"}],
+        })));
+        let Verdict::Refuse(message) = v else {
+            panic!("{v:?}")
+        };
+        assert!(
+            message.starts_with("policy mesh: spec.template.containers[0].image: "),
+            "{message}"
+        );
+        assert!(message.contains("values.imgae"), "{message}");
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_refused_with_its_path() {
+        let mut p = policy(serde_json::json!({}));
+        p["spec"]["timeoutSeconds"] = "soon".into();
+        let Verdict::Refuse(message) = judge_json(p) else {
+            panic!()
+        };
+        assert!(message.starts_with("spec.timeoutSeconds: "), "{message}");
+    }
+
+    #[test]
+    fn a_policy_that_compiles_is_admitted_with_its_warnings() {
+        let v = judge_json(policy(serde_json::json!({
+            "containers": [{"name": "proxy", "image": "{{ values.image }}",
+                "env": [{"name": "POD", "value": "{{ pod.metadata.name }}"}]}],
+        })));
+        let Verdict::Admit(warnings) = v else {
+            panic!("{v:?}")
+        };
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert_eq!(
+            warnings[0].field,
+            "spec.template.containers[0].env[0].value"
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! The admission server with real compiled policies: patches over the wire, dryRun, skips, the
+//! namespace store, engine errors and the metrics they leave.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod server_common;
+
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use server_common::*;
+use splice_engine::{CompiledPolicy, NamespaceContext, SkipReason};
+use splice_server::metrics::Outcome;
+use splice_server::server::{AdmissionHook, Admitted, WebhookConfig};
+use splice_server::store::PolicyStore;
+
+const SIDECAR_POLICY: &str = include_str!("../../testdata/policy-sidecar.yaml");
+const POD_8K: &str = include_str!("../../testdata/pod-8k.json");
+
+fn compile(yaml: &str) -> (String, Arc<CompiledPolicy>) {
+    let policy: splice_crds::InjectionPolicy = serde_yaml::from_str(yaml).unwrap();
+    let name = policy.metadata.name.clone().unwrap();
+    let generation = policy.metadata.generation.unwrap_or(1);
+    let compiled = CompiledPolicy::compile(&name, generation, &policy.spec).unwrap();
+    (name, Arc::new(compiled))
+}
+
+fn store_with(yamls: &[&str]) -> Arc<PolicyStore> {
+    let store = Arc::new(PolicyStore::new());
+    for yaml in yamls {
+        let (name, policy) = compile(yaml);
+        store.insert(name, policy);
+    }
+    store
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, String, bool)>>);
+
+impl AdmissionHook for Recorder {
+    fn admitted(&self, a: &Admitted<'_>) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((a.policy.to_owned(), a.uid.to_owned(), a.changed));
+    }
+}
+
+fn patch_of(reply: &Reply) -> Option<Vec<u8>> {
+    let v = reply.json();
+    let patch = v["response"].get("patch")?.as_str()?.to_owned();
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+    Some(
+        base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .unwrap(),
+    )
+}
+
+fn apply(pod: &str, patch: &[u8]) -> serde_json::Value {
+    let mut doc: serde_json::Value = serde_json::from_str(pod).unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(patch).unwrap();
+    json_patch::patch(&mut doc, &patch).unwrap();
+    doc
+}
+
+#[tokio::test]
+async fn a_pod_gets_the_sidecar_patch_with_warnings_and_is_counted() {
+    let server = Running::start_with(config(), store_with(&[SIDECAR_POLICY]), None).await;
+    let body = pod_review("uid-1", "shop", false, POD_8K);
+    let reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let v = reply.json();
+    assert_eq!(v["response"]["uid"], "uid-1");
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(!v["response"]["warnings"].as_array().unwrap().is_empty());
+
+    let patched = apply(POD_8K, &patch_of(&reply).expect("a patch"));
+    let init: Vec<&str> = patched["spec"]["initContainers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        init.contains(&"mesh-proxy") && init.contains(&"mesh-init"),
+        "{init:?}"
+    );
+    assert_eq!(
+        patched["metadata"]["labels"]["mesh.example/injected"],
+        "true"
+    );
+
+    let m = server.metrics.admission("mesh-proxy");
+    assert_eq!(m.requests(Outcome::Injected), 1);
+    assert_eq!(m.injections(), 1);
+    assert_eq!(m.duration().count(), 1);
+    let text = server.metrics.render();
+    assert!(
+        text.contains(
+            r#"splice_admission_requests_total{policy="mesh-proxy",outcome="injected"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(text.contains(r#"splice_injections_total{policy="mesh-proxy"} 1"#));
+}
+
+#[tokio::test]
+async fn the_patched_pod_sent_again_gets_no_patch() {
+    let server = Running::start_with(config(), store_with(&[SIDECAR_POLICY]), None).await;
+    let body = pod_review("first", "shop", false, POD_8K);
+    let reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", body.as_bytes()),
+    )
+    .await;
+    let patched = apply(POD_8K, &patch_of(&reply).unwrap()).to_string();
+
+    let body = pod_review("second", "shop", false, &patched);
+    let reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert!(patch_of(&reply).is_none(), "{}", reply.text());
+    assert_eq!(
+        server
+            .metrics
+            .admission("mesh-proxy")
+            .requests(Outcome::Unchanged),
+        1
+    );
+}
+
+#[tokio::test]
+async fn dry_run_returns_the_same_patch_and_skips_the_side_effect_hook() {
+    let recorder = Arc::new(Recorder::default());
+    let server = Running::start_with(
+        config(),
+        store_with(&[SIDECAR_POLICY]),
+        Some(Arc::clone(&recorder) as Arc<dyn AdmissionHook>),
+    )
+    .await;
+    let dry = pod_review("dry", "shop", true, POD_8K);
+    let dry_reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", dry.as_bytes()),
+    )
+    .await;
+    assert!(recorder.0.lock().unwrap().is_empty());
+    assert_eq!(server.metrics.admission("mesh-proxy").injections(), 0);
+
+    let real = pod_review("real", "shop", false, POD_8K);
+    let real_reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", real.as_bytes()),
+    )
+    .await;
+    assert_eq!(
+        patch_of(&dry_reply).unwrap(),
+        patch_of(&real_reply).unwrap()
+    );
+    assert_eq!(
+        *recorder.0.lock().unwrap(),
+        vec![("mesh-proxy".to_owned(), "real".to_owned(), true)]
+    );
+    assert_eq!(
+        server
+            .metrics
+            .admission("mesh-proxy")
+            .requests(Outcome::Injected),
+        2
+    );
+    assert_eq!(server.metrics.admission("mesh-proxy").injections(), 1);
+}
+
+#[tokio::test]
+async fn non_pods_deletes_and_excluded_namespaces_are_allowed_without_a_patch() {
+    let server = Running::start_with(config(), store_with(&[SIDECAR_POLICY]), None).await;
+    let deployment = review(
+        r#"{"uid":"d","kind":{"group":"apps","version":"v1","kind":"Deployment"},"resource":{"group":"apps","version":"v1","resource":"deployments"},"operation":"CREATE","namespace":"shop","object":{"kind":"Deployment","metadata":{"name":"x"}}}"#,
+    );
+    let delete = review(
+        r#"{"uid":"del","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"operation":"DELETE","namespace":"shop","object":null,"oldObject":{"metadata":{"name":"x"}}}"#,
+    );
+    let system = pod_review("sys", "kube-system", false, POD_8K);
+    let own = pod_review("own", "splice-system", false, POD_8K);
+    for (uid, body) in [
+        ("d", deployment),
+        ("del", delete),
+        ("sys", system),
+        ("own", own),
+    ] {
+        let reply = exchange(
+            &server,
+            &post("/inject/mesh-proxy", "application/json", body.as_bytes()),
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{uid}: {}", reply.text());
+        assert_eq!(reply.json()["response"]["uid"], uid);
+        assert_eq!(reply.json()["response"]["allowed"], true);
+        assert!(patch_of(&reply).is_none(), "{uid}: {}", reply.text());
+    }
+    let m = server.metrics.admission("mesh-proxy");
+    assert_eq!(m.skips(SkipReason::NotAPod), 1);
+    assert_eq!(m.skips(SkipReason::OperationNotConfigured), 1);
+    assert_eq!(m.skips(SkipReason::ExcludedNamespace), 2);
+    assert_eq!(m.requests(Outcome::Skipped), 4);
+    assert!(server.metrics.render().contains(
+        r#"splice_injection_skipped_total{policy="mesh-proxy",reason="excluded_namespace"} 2"#
+    ));
+}
+
+const NAMESPACE_SCOPED_POLICY: &str = r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: labelled}
+spec:
+  namespaceSelector: {matchLabels: {mesh: enabled}}
+  template:
+    labels: {injected-into: "{{ namespace.name }}"}
+"#;
+
+#[tokio::test]
+async fn the_api_servers_namespace_match_stands_whatever_the_namespace_store_says() {
+    let server = Running::start_with(config(), store_with(&[NAMESPACE_SCOPED_POLICY]), None).await;
+    let body = pod_review("u", "team-a", false, SMALL_POD);
+    let request = post("/inject/labelled", "application/json", body.as_bytes());
+
+    // The store has not seen team-a's label yet (a namespace labelled a moment ago): the API
+    // server matched the configuration's namespaceSelector, so the pod is injected.
+    let reply = exchange(&server, &request).await;
+    let patched = apply(
+        SMALL_POD,
+        &patch_of(&reply).expect("injected although the store does not know the namespace"),
+    );
+    assert_eq!(patched["metadata"]["labels"]["injected-into"], "team-a");
+
+    // A stale store that says the namespace does not match changes nothing either.
+    let ctx = NamespaceContext {
+        name: "team-a".to_owned(),
+        ..Default::default()
+    };
+    server.namespaces.insert("team-a", Arc::new(ctx));
+    assert!(patch_of(&exchange(&server, &request).await).is_some());
+    assert_eq!(
+        server
+            .metrics
+            .admission("labelled")
+            .skips(SkipReason::NamespaceNotSelected),
+        0
+    );
+
+    // The mandatory exclusions and the opt-out label still hold.
+    let body = pod_review("u", "kube-system", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post("/inject/labelled", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert!(patch_of(&reply).is_none());
+}
+
+const NAMESPACE_LABEL_POLICY: &str = r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: team-label}
+spec:
+  template:
+    labels: {team: "{{ namespace.labels.team }}"}
+"#;
+
+fn watched() -> WebhookConfig {
+    let mut config = config();
+    config.cache_wait = Some(std::time::Duration::from_secs(10));
+    config
+}
+
+#[tokio::test]
+async fn a_policy_the_watch_delivers_while_the_request_waits_is_injected() {
+    let server = Running::start_with(watched(), Arc::new(PolicyStore::new()), None).await;
+    let body = pod_review("u", "shop", false, POD_8K);
+    let request = post("/inject/mesh-proxy", "application/json", body.as_bytes());
+    let policies = Arc::clone(&server.policies);
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let (name, policy) = compile(SIDECAR_POLICY);
+        policies.insert(name, policy);
+    });
+    let reply = exchange(&server, &request).await;
+    late.await.expect("the writer finished");
+    assert!(patch_of(&reply).is_some(), "{}", reply.text());
+}
+
+#[tokio::test]
+async fn a_namespace_the_watch_delivers_while_the_request_waits_feeds_the_template() {
+    let server = Running::start_with(watched(), store_with(&[NAMESPACE_LABEL_POLICY]), None).await;
+    let body = pod_review("u", "team-b", false, SMALL_POD);
+    let request = post("/inject/team-label", "application/json", body.as_bytes());
+    let namespaces = Arc::clone(&server.namespaces);
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut ctx = NamespaceContext {
+            name: "team-b".to_owned(),
+            ..Default::default()
+        };
+        ctx.labels.insert("team".to_owned(), "payments".to_owned());
+        namespaces.insert("team-b", Arc::new(ctx));
+    });
+    let reply = exchange(&server, &request).await;
+    late.await.expect("the writer finished");
+    let patched = apply(SMALL_POD, &patch_of(&reply).expect("injected"));
+    assert_eq!(patched["metadata"]["labels"]["team"], "payments");
+}
+
+#[tokio::test]
+async fn a_policy_added_or_removed_at_run_time_takes_effect_on_the_next_request() {
+    let server = Running::start_with(config(), Arc::new(PolicyStore::new()), None).await;
+    let body = pod_review("u", "shop", false, POD_8K);
+    let request = post("/inject/mesh-proxy", "application/json", body.as_bytes());
+    assert!(exchange(&server, &request).await.json()["response"]["warnings"].is_array());
+
+    let (name, policy) = compile(SIDECAR_POLICY);
+    server.policies.insert(name, policy);
+    assert!(patch_of(&exchange(&server, &request).await).is_some());
+
+    server.policies.remove("mesh-proxy");
+    let reply = exchange(&server, &request).await;
+    assert!(patch_of(&reply).is_none());
+}
+
+#[tokio::test]
+async fn an_object_the_engine_cannot_read_gets_500_so_the_failure_policy_applies() {
+    let server = Running::start_with(config(), store_with(&[SIDECAR_POLICY]), None).await;
+    let broken = r#"{"kind":"Pod","metadata":{"name":"x","labels":{"app":"x"}},"spec":{"containers":"not-a-list"}}"#;
+    let body = pod_review("u", "shop", false, broken);
+    let reply = exchange(
+        &server,
+        &post("/inject/mesh-proxy", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 500, "{}", reply.text());
+    assert!(
+        reply.text().contains("could not compute the injection"),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(
+        server
+            .metrics
+            .admission("mesh-proxy")
+            .requests(Outcome::Error),
+        1
+    );
+}
