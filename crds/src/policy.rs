@@ -25,6 +25,7 @@ pub const MAX_VALUES: usize = 64;
     shortname = "ipol",
     category = "splice",
     status = "InjectionPolicyStatus",
+    doc = "A Splice InjectionPolicy: what to inject into pods (containers, init containers, volumes, env, mounts, labels, annotations) and which pods, through a mutating admission webhook Splice configures and serves. `status` says whether it is in force and verified.",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].reason"}"#,
     printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
@@ -342,6 +343,7 @@ impl std::fmt::Display for PodSecurityLevel {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Coverage {
+    /// Pods the policy selects that carry its injection or should (the sum of the three below).
     pub matched: i64,
     /// Injected with the policy's current template.
     pub current: i64,
