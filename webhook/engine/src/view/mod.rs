@@ -5,17 +5,12 @@
 //! accepts only a JSON object (serde's derive would also accept an array for a struct, which would
 //! make the engine emit paths that do not exist).
 //!
-//! The serde implementations kept under the `serde-oracle` feature are the previous readers: the
-//! differential tests and the fuzz target check the cursor against them.
+//! The serde readers of the same views live in [`oracle`], for tests and the fuzz target only
+//! (feature `serde-oracle`): the differential tests check the cursor against them.
 
 use std::borrow::Cow;
-#[cfg(any(test, feature = "serde-oracle"))]
-use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Deref;
-
-#[cfg(any(test, feature = "serde-oracle"))]
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use splice_json::{Cursor, Error};
 
@@ -55,13 +50,6 @@ impl<'a> FromJson<'a> for Raw<'a> {
     }
 }
 
-#[cfg(any(test, feature = "serde-oracle"))]
-impl<'de: 'a, 'a> Deserialize<'de> for Raw<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        <&'de serde_json::value::RawValue>::deserialize(d).map(|r| Raw(r.get()))
-    }
-}
-
 impl<'a, T: FromJson<'a>> FromJson<'a> for Vec<T> {
     fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
         let mut items = c.array()?;
@@ -87,29 +75,6 @@ impl Deref for Str<'_> {
 impl<'a> FromJson<'a> for Str<'a> {
     fn read(c: &mut Cursor<'a>) -> Result<Self, Error> {
         c.string().map(Str)
-    }
-}
-
-#[cfg(any(test, feature = "serde-oracle"))]
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Str<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v)))
-            }
-        }
-        d.deserialize_str(V(PhantomData))
     }
 }
 
@@ -142,35 +107,6 @@ impl<'a, T: FromJson<'a>> FromJson<'a> for Entries<'a, T> {
     }
 }
 
-#[cfg(any(test, feature = "serde-oracle"))]
-impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Entries<'a, T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a, T>(PhantomData<(&'a (), T)>);
-        impl<'de: 'a, 'a, T: Deserialize<'de>> Visitor<'de> for V<'a, T> {
-            type Value = Entries<'a, T>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0));
-                while let Some(k) = map.next_key::<Str<'a>>()? {
-                    let v = map.next_value::<T>()?;
-                    // JSON objects with a repeated key keep the last value, as serde_json::Value
-                    // and the API server do.
-                    if let Some(slot) = out.iter_mut().find(|(ek, _): &&mut (Str<'a>, T)| *ek == k)
-                    {
-                        slot.1 = v;
-                    } else {
-                        out.push((k, v));
-                    }
-                }
-                Ok(Entries(out))
-            }
-        }
-        d.deserialize_map(V(PhantomData))
-    }
-}
-
 /// A JSON array of items the engine reads. It starts with room for a typical pod's list: grown from
 /// empty, a 20-variable env would be reallocated four times on every request.
 #[derive(Debug, PartialEq)]
@@ -194,27 +130,6 @@ impl<'a, T: FromJson<'a>> FromJson<'a> for List<T> {
             out.push(T::read(c)?);
         }
         Ok(List(out))
-    }
-}
-
-#[cfg(any(test, feature = "serde-oracle"))]
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for List<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
-            type Value = List<T>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a sequence")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(TYPICAL).min(TYPICAL));
-                while let Some(item) = seq.next_element()? {
-                    out.push(item);
-                }
-                Ok(List(out))
-            }
-        }
-        d.deserialize_seq(V(PhantomData))
     }
 }
 
@@ -287,30 +202,7 @@ macro_rules! object_view {
     };
     (@serde $name:ident<$lt:lifetime> { $($field:ident = $key:literal),* }) => {
         #[cfg(any(test, feature = "serde-oracle"))]
-        impl<'de: $lt, $lt> Deserialize<'de> for $name<$lt> {
-            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                struct V<$lt>(PhantomData<&$lt ()>);
-                impl<'de: $lt, $lt> Visitor<'de> for V<$lt> {
-                    type Value = $name<$lt>;
-                    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                        f.write_str("an object")
-                    }
-                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                        let mut out = $name::default();
-                        while let Some(key) = map.next_key::<Str<'de>>()? {
-                            match &*key {
-                                $($key => out.$field = map.next_value()?,)*
-                                _ => {
-                                    map.next_value::<IgnoredAny>()?;
-                                }
-                            }
-                        }
-                        Ok(out)
-                    }
-                }
-                d.deserialize_map(V(PhantomData))
-            }
-        }
+        oracle::deserialize_view!($name<$lt> { $($field = $key),* });
     };
 }
 
@@ -403,39 +295,9 @@ impl Mount<'_> {
     }
 }
 
-/// The cursor's views against the serde readers they replace.
+/// The cursor's views against the serde readers they replaced.
 #[cfg(any(test, feature = "serde-oracle"))]
-pub mod oracle {
-    use super::*;
-
-    fn same<'a, T>(text: &'a str) -> Result<(), String>
-    where
-        T: FromJson<'a> + Deserialize<'a> + PartialEq + fmt::Debug,
-    {
-        let ours = from_str::<T>(text);
-        let theirs = serde_json::from_str::<T>(text);
-        match (&ours, &theirs) {
-            (Ok(a), Ok(b)) if a == b => Ok(()),
-            (Err(_), Err(_)) => Ok(()),
-            _ => Err(format!(
-                "{}: cursor {ours:?} vs serde {theirs:?}",
-                std::any::type_name::<T>()
-            )),
-        }
-    }
-
-    /// Reads `text` as every view with the cursor and with serde; an error describes the first
-    /// disagreement (in acceptance or in what was read).
-    pub fn check(text: &str) -> Result<(), String> {
-        same::<PodView<'_>>(text)?;
-        same::<RawPodView<'_>>(text)?;
-        same::<RawContainerView<'_>>(text)?;
-        same::<ContainerView<'_>>(text)?;
-        same::<Named<'_>>(text)?;
-        same::<Mount<'_>>(text)?;
-        same::<Option<Str<'_>>>(text)
-    }
-}
+pub mod oracle;
 
 #[cfg(test)]
 mod tests {
@@ -505,7 +367,7 @@ mod tests {
                 let member = format!("\"{}\" : {value} ,", KEYS[key]);
                 doc.insert_str(i + 1, &member);
                 // A `{"` inside a string inserted before is no object: undo what that broke.
-                if serde_json::from_str::<IgnoredAny>(&doc).is_err() {
+                if serde_json::from_str::<serde::de::IgnoredAny>(&doc).is_err() {
                     doc.replace_range(i + 1..i + 1 + member.len(), "");
                 }
             }
