@@ -7,6 +7,9 @@
 //! renew deadline, which is shorter than the lease duration, steps down before anyone else may
 //! take over. Every update is conditional on the resourceVersion read, so two candidates can never
 //! both win.
+//!
+//! Written here because kube-runtime has no leader election, and the crates that add one either
+//! compare clocks with the leader's `renewTime` or cannot step down before the lease expires.
 
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! Kubernetes LabelSelector semantics, evaluated by the engine itself: offline there is no API
 //! server to do it, and online it keeps a misconfigured webhook from injecting the wrong pods.
+//! Written here: neither k8s-openapi nor kube evaluates a LabelSelector, and the rules (operators,
+//! value-list constraints) are a page.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 

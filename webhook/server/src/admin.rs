@@ -4,6 +4,8 @@
 //! - `GET /readyz`: 200 only with a certificate loaded, the caches synced and no shutdown under
 //!   way; otherwise 503 naming each unmet condition.
 //! - `GET /metrics`: the [`Metrics`] registry in the Prometheus text format.
+//!
+//! On hyper directly, like the admission server: three GET routes need no framework.
 
 use std::convert::Infallible;
 use std::future::Future;

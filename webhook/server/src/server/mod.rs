@@ -1,5 +1,8 @@
 //! The HTTPS admission server: TLS from the swappable [`CertResolver`], HTTP/1.1 keep-alive,
 //! `POST /inject/<policy>`, `POST /validate` (InjectionPolicies), and a graceful drain on shutdown.
+//!
+//! On hyper directly, without a framework: two routes need no router, and the connection loop is
+//! ours anyway for the TLS acceptor, the connection cap, the header deadline and the drain.
 
 mod conn;
 mod handler;
