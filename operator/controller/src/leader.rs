@@ -8,8 +8,8 @@
 //! take over. Every update is conditional on the resourceVersion read, so two candidates can never
 //! both win.
 //!
-//! Written here because kube-runtime has no leader election, and the crates that add one either
-//! compare clocks with the leader's `renewTime` or cannot step down before the lease expires.
+//! Written here because kube-runtime has no leader election, and the two properties above (own
+//! clock, step down before expiry) are what keeps two leaders from writing at once.
 
 use std::time::Duration;
 
