@@ -182,6 +182,8 @@ async fn deploy_passes_a_server_dry_run_and_uninstalling_either_way_leaves_no_we
         "poddisruptionbudget.policy/splice",
         "validatingadmissionpolicy.admissionregistration.k8s.io/splice-probe-dry-run-only",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-probe-dry-run-only",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/splice-own-webhook-configurations-only",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-own-webhook-configurations-only",
     ] {
         ensure!(
             out.lines()
