@@ -5,12 +5,20 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build image image-test controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
+.PHONY: all build install image image-test controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
 
 all: build
 
 build:
 	cargo build -p splice
+
+## `splice` and the `kubectl-splice` link kubectl finds as the plugin `kubectl splice`, into
+## $(DESTDIR)$(PREFIX)/bin.
+PREFIX ?= /usr/local
+install:
+	cargo build --release --locked -p splice
+	install -D -m 0755 target/release/splice $(DESTDIR)$(PREFIX)/bin/splice
+	ln -sf splice $(DESTDIR)$(PREFIX)/bin/kubectl-splice
 
 ## The OCI image (static musl binary, scratch, UID 65532) in target/image/, without a daemon or a
 ## registry (needs umoci, musl-tools and the Rust target x86_64-unknown-linux-musl; see .ci/run).

@@ -3,8 +3,6 @@
 mod cli;
 mod controller;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    cli::Cli::parse().run()
+    cli::Cli::from_args().run()
 }
