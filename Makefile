@@ -5,12 +5,30 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
+.PHONY: all build install image image-test controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
 
 all: build
 
 build:
 	cargo build -p splice
+
+## `splice` and the `kubectl-splice` link kubectl finds as the plugin `kubectl splice`, into
+## $(DESTDIR)$(PREFIX)/bin.
+PREFIX ?= /usr/local
+install:
+	cargo build --release --locked -p splice
+	install -D -m 0755 target/release/splice $(DESTDIR)$(PREFIX)/bin/splice
+	ln -sf splice $(DESTDIR)$(PREFIX)/bin/kubectl-splice
+
+## The OCI image (static musl binary, scratch, UID 65532) in target/image/, without a daemon or a
+## registry (needs umoci, musl-tools and the Rust target x86_64-unknown-linux-musl; see .ci/run).
+image:
+	deploy/image/build.sh
+
+## The image's config and layer, then the image run under runc: --version, and the webhook
+## answering an AdmissionReview over TLS.
+image-test: image
+	deploy/image/test.sh
 
 ## Build the control-plane programs (cached outside the repo; a warm build does nothing).
 controlplane:
@@ -44,7 +62,7 @@ e2e: controlplane helm
 	e2e/run-e2e.sh
 
 ## Everything CI runs.
-test: lint unit rules-test e2e
+test: lint unit rules-test image-test e2e
 
 demo: controlplane
 	e2e/demo.sh

@@ -88,6 +88,8 @@ pub struct SpliceOptions {
     pub port: Option<u16>,
     /// `--webhook-url` port, when different from the listen port (replicas sharing one URL).
     pub url_port: Option<u16>,
+    /// Admin port; a free one when `None` (a restart keeps it so a scraper sees one target).
+    pub admin_port: Option<u16>,
     pub lease: Option<(u64, u64, u64)>,
     /// Name for the log file under `target/e2e-logs/`.
     pub log_name: String,
@@ -105,6 +107,7 @@ impl SpliceOptions {
             identity: None,
             port: None,
             url_port: None,
+            admin_port: None,
             lease: None,
             log_name: format!("splice-{instance}"),
             extra_args: Vec::new(),
@@ -140,7 +143,11 @@ impl Splice {
         loop {
             match Self::spawn_once(&options).await? {
                 Ok(splice) => return Ok(splice),
-                Err(log) if attempt < ATTEMPTS && options.port.is_none() => {
+                Err(log)
+                    if attempt < ATTEMPTS
+                        && options.port.is_none()
+                        && options.admin_port.is_none() =>
+                {
                     eprintln!("splice {}: {log}; retrying", options.log_name);
                     attempt += 1;
                 }
@@ -156,7 +163,10 @@ impl Splice {
             Some(p) => p,
             None => free_port()?,
         };
-        let admin_port = free_port()?;
+        let admin_port = match options.admin_port {
+            Some(p) => p,
+            None => free_port()?,
+        };
         let logs = repo_root().join("target/e2e-logs");
         std::fs::create_dir_all(&logs)?;
         let log = logs.join(format!("{}.log", options.log_name));
@@ -462,6 +472,62 @@ pub async fn serves_chain_of(port: u16, ca_pem: &str) -> Result<bool> {
     let _ = std::fs::remove_dir_all(&dir);
     let text = String::from_utf8_lossy(&output.stdout);
     Ok(output.status.success() && text.contains("Verify return code: 0 (ok)"))
+}
+
+/// Runs the control plane's kubectl with the admin kubeconfig, from the repository root; returns
+/// stdout, or fails with the command and its output.
+pub fn kubectl(args: &[&str]) -> Result<String> {
+    let bin = splice_e2e::controlplane_bin_dir()?.join("kubectl");
+    let out = Command::new(&bin)
+        .args(args)
+        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+        .current_dir(repo_root())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            stdout,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+/// The admin kubeconfig's current context, credentials inlined, as JSON (`clusters[0]`,
+/// `users[0]`), to build other kubeconfigs from.
+pub fn admin_kubeconfig() -> Result<Value> {
+    let text = kubectl(&[
+        "config",
+        "view",
+        "--raw",
+        "--minify",
+        "--flatten",
+        "-o",
+        "json",
+    ])?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// The user name the API server gives Splice's ServiceAccount as deploy/ installs it.
+pub const SPLICE_SERVICE_ACCOUNT: &str = "system:serviceaccount:splice-system:splice";
+
+/// A client that acts as Splice's ServiceAccount (with its groups), through the admin's right to
+/// impersonate: it has exactly what deploy/rbac.yaml grants and the admission policies allow.
+pub async fn as_splice_service_account() -> Result<Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(splice_e2e::kubeconfig_path())?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    config.auth_info.impersonate = Some(SPLICE_SERVICE_ACCOUNT.into());
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        "system:serviceaccounts:splice-system".into(),
+        "system:authenticated".into(),
+    ]);
+    Ok(Client::try_from(config)?)
 }
 
 /// One test's Splice: its namespace, its instance label, the running process, and the cleanup

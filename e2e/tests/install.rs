@@ -11,41 +11,20 @@
 mod operator;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::Client;
 use kube::api::Api;
 use operator::*;
-use serde_json::{Value, json};
+use serde_json::json;
 use splice_crds::InjectionPolicy;
-use splice_e2e::{TestNamespace, controlplane_bin_dir, repo_root, unique_suffix, wait_until};
+use splice_e2e::{TestNamespace, unique_suffix, wait_until};
 
 const NAMESPACE: &str = "splice-system";
 const CRD: &str = "injectionpolicies.splice.dev";
-
-fn kubectl(args: &[&str]) -> Result<String> {
-    let bin = controlplane_bin_dir()?.join("kubectl");
-    let out = Command::new(&bin)
-        .args(args)
-        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
-        .current_dir(repo_root())
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "kubectl {} failed: {}{}",
-            args.join(" "),
-            stdout,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(stdout)
-}
 
 /// A kubeconfig for the `splice` ServiceAccount (a short-lived token from the TokenRequest API),
 /// so `splice run` has exactly the permissions deploy/rbac.yaml grants.
@@ -59,15 +38,7 @@ fn service_account_kubeconfig(dir: &Path) -> Result<PathBuf> {
         "--duration",
         "1h",
     ])?;
-    let admin: Value = serde_json::from_str(&kubectl(&[
-        "config",
-        "view",
-        "--raw",
-        "--minify",
-        "--flatten",
-        "-o",
-        "json",
-    ])?)?;
+    let admin = admin_kubeconfig()?;
     let cluster = admin["clusters"][0]["cluster"].clone();
     let config = json!({
         "apiVersion": "v1", "kind": "Config",
@@ -211,6 +182,8 @@ async fn deploy_passes_a_server_dry_run_and_uninstalling_either_way_leaves_no_we
         "poddisruptionbudget.policy/splice",
         "validatingadmissionpolicy.admissionregistration.k8s.io/splice-probe-dry-run-only",
         "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-probe-dry-run-only",
+        "validatingadmissionpolicy.admissionregistration.k8s.io/splice-own-webhook-configurations-only",
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io/splice-own-webhook-configurations-only",
     ] {
         ensure!(
             out.lines()

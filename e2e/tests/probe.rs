@@ -18,8 +18,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
@@ -310,43 +308,13 @@ async fn a_validating_admission_policy_refusing_a_label_the_policy_injects_is_na
     Ok(())
 }
 
-fn kubectl_apply(file: &str) -> Result<()> {
-    let bin = splice_e2e::controlplane_bin_dir()?.join("kubectl");
-    let out = std::process::Command::new(&bin)
-        .args(["apply", "-f", file])
-        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
-        .current_dir(splice_e2e::repo_root())
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    ensure!(
-        out.status.success(),
-        "kubectl apply -f {file}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-/// A client that acts as Splice's ServiceAccount, through the admin's right to impersonate.
-async fn as_splice_service_account() -> Result<Client> {
-    let kubeconfig = Kubeconfig::read_from(splice_e2e::kubeconfig_path())?;
-    let mut config =
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    config.auth_info.impersonate = Some("system:serviceaccount:splice-system:splice".into());
-    config.auth_info.impersonate_groups = Some(vec![
-        "system:serviceaccounts".into(),
-        "system:serviceaccounts:splice-system".into(),
-        "system:authenticated".into(),
-    ]);
-    Ok(Client::try_from(config)?)
-}
-
 #[tokio::test]
 async fn the_shipped_guard_refuses_a_real_pod_create_by_splices_service_account_but_not_its_dry_runs()
 -> Result<()> {
     let client = splice_e2e::client().await?;
-    kubectl_apply("deploy/namespace.yaml")?;
-    kubectl_apply("deploy/rbac.yaml")?;
-    kubectl_apply("deploy/probe-guard.yaml")?;
+    kubectl(&["apply", "-f", "deploy/namespace.yaml"])?;
+    kubectl(&["apply", "-f", "deploy/rbac.yaml"])?;
+    kubectl(&["apply", "-f", "deploy/probe-guard.yaml"])?;
     let ns = TestNamespace::create("e2e-guard", &[]).await?;
     let splice = as_splice_service_account().await?;
     let pods: Api<Pod> = Api::namespaced(splice, &ns.name);

@@ -2,8 +2,6 @@
 
 mod cli;
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    cli::Cli::parse().run()
+    cli::Cli::from_args().run()
 }

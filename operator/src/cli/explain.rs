@@ -476,13 +476,13 @@ fn online_inputs(args: &Args, pod: &str) -> Result<Inputs, String> {
 
 async fn fetch(args: &Args, name: &str) -> Result<Inputs, String> {
     use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::ResourceExt;
     use kube::api::{Api, ListParams};
-    use kube::{Client, ResourceExt};
     use splice_crds::InjectionPolicy;
 
-    let client = Client::try_default()
+    let client = super::kube_client()
         .await
-        .map_err(|e| format!("cannot reach the cluster (kubeconfig): {e}"))?;
+        .map_err(|e| format!("cannot reach the cluster: {e:#}"))?;
     let ns_name = match &args.namespace.namespace {
         Some(n) => n.clone(),
         None => client.default_namespace().to_owned(),

@@ -1,9 +1,12 @@
 //! One module per subcommand; each owns its flags and returns the process exit code.
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 mod crd;
 mod explain;
@@ -22,8 +25,62 @@ mod webhook;
     about = "Owns the lifecycle of mutating admission webhooks"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    cluster: ClusterArgs,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How commands that talk to the cluster (`run`, `explain POD`, `rotate`) find it: kubectl's own
+/// flags, so `kubectl splice ...` (this binary installed as `kubectl-splice`) takes what kubectl
+/// takes. kubectl hands a plugin its arguments as typed, not its environment.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct ClusterArgs {
+    /// Path to the kubeconfig file [default: $KUBECONFIG, else ~/.kube/config, else in-cluster].
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use [default: its current-context].
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
+}
+
+/// The command line's [`ClusterArgs`], set once by [`Cli::run`] before any command starts.
+static CLUSTER: OnceLock<ClusterArgs> = OnceLock::new();
+
+/// A client for the cluster `--kubeconfig` and `--context` name, else kube's usual inference
+/// (KUBECONFIG, ~/.kube/config, in-cluster).
+pub(crate) async fn kube_client() -> anyhow::Result<kube::Client> {
+    use anyhow::Context as _;
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let args = CLUSTER.get().cloned().unwrap_or_default();
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let config = match (&args.kubeconfig, &args.context) {
+        (Some(path), _) => {
+            let file = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| format!("using --kubeconfig {}", path.display()))?
+        }
+        (None, Some(context)) => Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("using --context {context} of the kubeconfig"))?,
+        (None, None) => Config::infer()
+            .await
+            .context("finding the cluster (in-cluster config or KUBECONFIG)")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Whether the binary was started as kubectl's plugin (`kubectl-splice`, e.g. a link that
+/// `make install` creates), from its program name.
+fn invoked_as_kubectl_plugin(program: Option<&OsString>) -> bool {
+    program
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .is_some_and(|name| name == "kubectl-splice")
 }
 
 #[derive(Subcommand)]
@@ -45,7 +102,19 @@ enum Command {
 }
 
 impl Cli {
+    /// Parses the process's arguments; started as `kubectl-splice`, usage and errors say
+    /// `kubectl splice`, as the user typed it.
+    pub fn from_args() -> Self {
+        let mut command = Self::command();
+        if invoked_as_kubectl_plugin(std::env::args_os().next().as_ref()) {
+            command = command.bin_name("kubectl splice");
+        }
+        let matches = command.get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
     pub fn run(self) -> ExitCode {
+        let _ = CLUSTER.set(self.cluster);
         match self.command {
             Command::Run(args) => run::main(args),
             Command::Inject(args) => inject::main(args),
@@ -97,5 +166,61 @@ pub(crate) fn print_or_fail(text: &str, code: ExitCode) -> ExitCode {
             eprintln!("error: cannot write the output: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Cli {
+        Cli::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn kubectls_kubeconfig_and_context_flags_are_taken_after_any_command_as_kubectl_passes_them() {
+        for argv in [
+            &[
+                "kubectl-splice",
+                "explain",
+                "web",
+                "-n",
+                "shop",
+                "--kubeconfig",
+                "/k",
+                "--context",
+                "c",
+            ][..],
+            &[
+                "kubectl-splice",
+                "rotate",
+                "--context",
+                "c",
+                "-n",
+                "splice-system",
+                "--kubeconfig",
+                "/k",
+            ],
+            &["splice", "--kubeconfig", "/k", "--context", "c", "run"],
+        ] {
+            let cli = parse(argv);
+            assert_eq!(
+                cli.cluster.kubeconfig,
+                Some(PathBuf::from("/k")),
+                "{argv:?}"
+            );
+            assert_eq!(cli.cluster.context.as_deref(), Some("c"), "{argv:?}");
+        }
+        let cli = parse(&["splice", "crd"]);
+        assert_eq!((cli.cluster.kubeconfig, cli.cluster.context), (None, None));
+    }
+
+    #[test]
+    fn the_plugin_is_recognised_by_its_program_name_kubectl_splice() {
+        let name = |p: &str| invoked_as_kubectl_plugin(Some(&OsString::from(p)));
+        assert!(name("/usr/local/bin/kubectl-splice"));
+        assert!(name("kubectl-splice"));
+        assert!(!name("/usr/local/bin/splice"));
+        assert!(!invoked_as_kubectl_plugin(None));
     }
 }

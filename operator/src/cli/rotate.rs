@@ -82,7 +82,12 @@ impl CertArgs {
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// Splice's namespace, where the CA Secret lives.
-    #[arg(long, env = "SPLICE_NAMESPACE", default_value = "splice-system")]
+    #[arg(
+        short = 'n',
+        long,
+        env = "SPLICE_NAMESPACE",
+        default_value = "splice-system"
+    )]
     namespace: String,
 }
 
@@ -114,9 +119,7 @@ pub fn main(args: Args) -> ExitCode {
 }
 
 async fn request(namespace: &str) -> anyhow::Result<()> {
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let client = super::kube_client().await?;
     let secrets: Api<Secret> = Api::namespaced(client, namespace);
     let at = time::OffsetDateTime::now_utc().unix_timestamp().to_string();
     let patch = json!({"metadata": {"annotations": {ROTATE_ANNOTATION: at}}});

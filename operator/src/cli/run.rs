@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use clap::ValueEnum;
 
 use super::parse_duration;
@@ -128,9 +127,7 @@ pub fn main(args: Args) -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let settings = settings(&args)?;
-    let client = kube::Client::try_default()
-        .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+    let client = super::kube_client().await?;
     splice_controller::run(client, settings, shutdown_signal()).await
 }
 
