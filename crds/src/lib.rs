@@ -5,9 +5,13 @@
 
 mod conditions;
 mod policy;
+mod validation;
 
 pub use conditions::{ConditionStatus, set_condition};
 pub use policy::*;
+pub use validation::{
+    KNOWN_FORMATS, KNOWN_KEYWORDS, Violation, as_admitted, policy_schema, validate_policy,
+};
 
 /// The label every Splice-owned object carries.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

@@ -78,7 +78,7 @@ pub struct InjectionPolicySpec {
 
     /// Values that templates read as `values.<key>`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(extend("maxProperties" = MAX_VALUES))]
     pub values: BTreeMap<String, String>,
 
     /// What is injected.
@@ -97,42 +97,42 @@ pub struct InjectionTemplate {
     /// Inserted before the pod's own init containers. Native sidecars are init containers with
     /// `restartPolicy: Always`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = MAX_INJECTED_CONTAINERS))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub init_containers: Vec<Container>,
 
     /// Appended after the pod's own containers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = MAX_INJECTED_CONTAINERS))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub containers: Vec<Container>,
 
     /// Added to the pod's volumes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(length(max = MAX_INJECTED_VOLUMES))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub volumes: Vec<Volume>,
 
     /// Added to every application container (never to injected ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 128))]
+    #[schemars(length(max = MAX_INJECTED_ENV))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub env: Vec<EnvVar>,
 
     /// Added to every application container (never to injected ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(length(max = MAX_INJECTED_MOUNTS))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["mountPath"]))]
     pub volume_mounts: Vec<VolumeMount>,
 
     /// Pod labels.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(extend("maxProperties" = MAX_VALUES))]
     pub labels: BTreeMap<String, String>,
 
     /// Pod annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(extend("maxProperties" = MAX_VALUES))]
     pub annotations: BTreeMap<String, String>,
 }
 

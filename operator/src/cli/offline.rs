@@ -12,10 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
-use splice_crds::{
-    InjectionPolicySpec, MAX_INJECTED_CONTAINERS, MAX_INJECTED_ENV, MAX_INJECTED_MOUNTS,
-    MAX_INJECTED_VOLUMES, MAX_VALUES, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy,
-};
+use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
 use splice_engine::{
     self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
     Selection, SkipReason,
@@ -291,20 +288,27 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
     }
     let at = |message: String| at(message).with_subject(format!("policy \"{name}\""));
 
-    let spec_value = map
+    // Read as the API server stores it (nulls pruned, defaults in), so both accept the same.
+    let object = to_json(&doc.value).map_err(at)?;
+    let spec_value = splice_crds::as_admitted(&object)
         .get("spec")
         .cloned()
-        .unwrap_or_else(|| serde_yaml::Value::Mapping(serde_yaml::Mapping::new()));
+        .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
     let spec: InjectionPolicySpec = deserialize_located(spec_value, "spec", true)
         .map_err(|(field, message)| at(message).with_field(field))?;
-    check_spec(&spec).map_err(|v| at(v.message).with_field(v.field))?;
 
     // A policy read from a file has never been through the API server, so it has no generation;
     // 1 is what the API server gives a freshly created object.
     let generation = metadata.generation.unwrap_or(1);
-    // Compile errors name the policy and the template field themselves.
+    // Compile errors name the policy and the template field themselves. The compiler goes before
+    // the CRD's rules: where both refuse (two injected containers sharing a name), it names the
+    // item, where the CEL rule names only the template.
     let compiled = CompiledPolicy::compile(&name, generation, &spec)
         .map_err(|e| InputError::document(file, doc.index, e.to_string()))?;
+    // What the API server refuses at apply time, from the CRD's own schema and CEL rules.
+    if let Some(v) = splice_crds::validate_policy(&object).into_iter().next() {
+        return Err(at(v.message).with_field(v.field));
+    }
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
@@ -325,8 +329,8 @@ fn yaml_key(key: &serde_yaml::Value) -> String {
 /// Deserializes `value` into `T`, and on failure returns the dotted path of the offending field
 /// (prefixed with `root`). With `strict`, a field `T` does not know is an error too, as with
 /// `kubectl apply`'s strict field validation: a typo must not silently drop part of a policy.
-fn deserialize_located<T: serde::de::DeserializeOwned>(
-    value: serde_yaml::Value,
+fn deserialize_located<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    value: D,
     root: &str,
     strict: bool,
 ) -> Result<T, (String, String)> {
@@ -392,132 +396,6 @@ fn check_object_name(name: &str) -> Result<(), String> {
             "{name:?} is not a valid name: lowercase letters, digits, '-' and '.', \
              starting and ending with a letter or digit, at most 253 characters"
         ));
-    }
-    Ok(())
-}
-
-/// A field that breaks one of the rules the CRD's schema and CEL rules enforce at apply time.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Violation {
-    pub field: String,
-    pub message: String,
-}
-
-fn violation(field: impl Into<String>, message: impl Into<String>) -> Violation {
-    Violation {
-        field: field.into(),
-        message: message.into(),
-    }
-}
-
-/// The checks the API server runs on an InjectionPolicy from the CRD's schema bounds and CEL rules
-/// (`splice_crds`), so an offline run refuses exactly what `kubectl apply` would. The rest (the
-/// templates, selectors, and Pod Security's `spec.allowPrivileged` gate) is the compiler's, which
-/// Splice's validating webhook runs at apply time.
-pub(crate) fn check_spec(spec: &InjectionPolicySpec) -> Result<(), Violation> {
-    if !(1..=30).contains(&spec.timeout_seconds) {
-        return Err(violation(
-            "spec.timeoutSeconds",
-            format!("must be between 1 and 30, got {}", spec.timeout_seconds),
-        ));
-    }
-    if spec.operations.is_empty() || spec.operations.len() > 2 {
-        return Err(violation(
-            "spec.operations",
-            "must list CREATE, UPDATE or both",
-        ));
-    }
-    if spec.operations.iter().collect::<BTreeSet<_>>().len() != spec.operations.len() {
-        return Err(violation("spec.operations", "operations must not repeat"));
-    }
-    if spec.values.len() > MAX_VALUES {
-        return Err(too_many("spec.values", spec.values.len(), MAX_VALUES));
-    }
-
-    let t = &spec.template;
-    let bounds = [
-        (
-            "initContainers",
-            t.init_containers.len(),
-            MAX_INJECTED_CONTAINERS,
-        ),
-        ("containers", t.containers.len(), MAX_INJECTED_CONTAINERS),
-        ("volumes", t.volumes.len(), MAX_INJECTED_VOLUMES),
-        ("env", t.env.len(), MAX_INJECTED_ENV),
-        ("volumeMounts", t.volume_mounts.len(), MAX_INJECTED_MOUNTS),
-        ("labels", t.labels.len(), MAX_VALUES),
-        ("annotations", t.annotations.len(), MAX_VALUES),
-    ];
-    for (field, len, max) in bounds {
-        if len > max {
-            return Err(too_many(&format!("spec.template.{field}"), len, max));
-        }
-    }
-
-    // Containers and init containers share one namespace of names in a pod.
-    let container_names = t
-        .init_containers
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            (
-                format!("spec.template.initContainers[{i}].name"),
-                c.name.as_str(),
-            )
-        })
-        .chain(t.containers.iter().enumerate().map(|(i, c)| {
-            (
-                format!("spec.template.containers[{i}].name"),
-                c.name.as_str(),
-            )
-        }));
-    unique("container", container_names)?;
-    unique(
-        "volume",
-        t.volumes
-            .iter()
-            .enumerate()
-            .map(|(i, v)| (format!("spec.template.volumes[{i}].name"), v.name.as_str())),
-    )?;
-    unique(
-        "env var",
-        t.env
-            .iter()
-            .enumerate()
-            .map(|(i, e)| (format!("spec.template.env[{i}].name"), e.name.as_str())),
-    )?;
-    unique(
-        "mount path",
-        t.volume_mounts.iter().enumerate().map(|(i, m)| {
-            (
-                format!("spec.template.volumeMounts[{i}].mountPath"),
-                m.mount_path.as_str(),
-            )
-        }),
-    )?;
-
-    // What Pod Security baseline forbids (`spec.allowPrivileged`) is the compiler's to refuse,
-    // as in the reconcile and the validating webhook.
-    Ok(())
-}
-
-fn too_many(field: &str, len: usize, max: usize) -> Violation {
-    violation(field, format!("at most {max} items, got {len}"))
-}
-
-fn unique<'a>(what: &str, items: impl Iterator<Item = (String, &'a str)>) -> Result<(), Violation> {
-    let mut seen: BTreeMap<&str, String> = BTreeMap::new();
-    for (field, name) in items {
-        if name.is_empty() {
-            return Err(violation(field, "required"));
-        }
-        if let Some(first) = seen.get(name) {
-            return Err(violation(
-                field,
-                format!("duplicate {what} {name:?} (also at {first})"),
-            ));
-        }
-        seen.insert(name, field);
     }
     Ok(())
 }
@@ -966,10 +844,6 @@ mod tests {
         }
     }
 
-    fn spec(yaml: &str) -> InjectionPolicySpec {
-        serde_yaml::from_str(yaml).expect("spec")
-    }
-
     fn policy_doc(text: &str) -> Result<LoadedPolicy, InputError> {
         let docs = documents(&source(text))?;
         load_policy("test.yaml", &docs[0])
@@ -1021,7 +895,7 @@ mod tests {
 
     #[test]
     fn a_nested_field_error_carries_list_indexes() {
-        let (field, _) = deserialize_located::<InjectionPolicySpec>(
+        let (field, _) = deserialize_located::<InjectionPolicySpec, serde_yaml::Value>(
             serde_yaml::from_str("template: {containers: [{name: a}, {name: b, image: [1]}]}")
                 .expect("yaml"),
             "spec",
@@ -1033,7 +907,7 @@ mod tests {
 
     #[test]
     fn a_misspelt_policy_field_is_an_error_not_silently_dropped() {
-        let (field, message) = deserialize_located::<InjectionPolicySpec>(
+        let (field, message) = deserialize_located::<InjectionPolicySpec, serde_yaml::Value>(
             serde_yaml::from_str("template: {containers: [{name: a, imagee: x}]}").expect("yaml"),
             "spec",
             true,
@@ -1066,66 +940,68 @@ mod tests {
         assert_eq!(err.field.as_deref(), Some("metadata.name"));
     }
 
+    /// The fixture table the CRD's own tests use (crds/tests/policy_validation.rs, and the API
+    /// server in e2e/tests/policy_fixtures.rs): the CLI loads what the API server accepts and
+    /// refuses the rest naming the file, the document and the field.
     #[test]
-    fn timeout_seconds_must_be_between_1_and_30() {
-        for bad in [0, 31, -1] {
-            let v = check_spec(&spec(&format!("timeoutSeconds: {bad}"))).expect_err("fails");
-            assert_eq!(v.field, "spec.timeoutSeconds");
+    fn the_cli_accepts_and_refuses_the_policy_fixtures_as_the_api_server_does() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/tests/fixtures/policies");
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .expect("the fixtures exist")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        paths.sort();
+        assert!(paths.len() >= 10, "{paths:?}");
+        for path in paths {
+            let text = std::fs::read_to_string(&path).expect("readable");
+            let field = text.lines().find_map(|l| l.strip_prefix("# field: "));
+            let loaded = load_policies(std::slice::from_ref(&path));
+            match field {
+                None => assert!(loaded.is_ok(), "{}: {:?}", path.display(), loaded.err()),
+                Some(field) => {
+                    let Err(e) = loaded else {
+                        panic!("{} loads", path.display());
+                    };
+                    assert_eq!(e.document, Some(1), "{e}");
+                    // Whoever refuses first (serde for a type, the compiler, the CRD) names the
+                    // field, or one under it.
+                    assert!(
+                        e.to_string().contains(&format!(": {field}")),
+                        "{}: expected {field}, got {e}",
+                        path.display()
+                    );
+                }
+            }
         }
-        assert!(check_spec(&spec("timeoutSeconds: 30")).is_ok());
-        assert!(check_spec(&spec("timeoutSeconds: 1")).is_ok());
     }
 
     #[test]
-    fn repeated_operations_are_refused() {
-        let v = check_spec(&spec("operations: [CREATE, CREATE]")).expect_err("fails");
-        assert_eq!(v.field, "spec.operations");
-        let v = check_spec(&spec("operations: []")).expect_err("fails");
-        assert_eq!(v.field, "spec.operations");
-    }
-
-    #[test]
-    fn an_init_container_and_a_container_may_not_share_a_name() {
-        let v = check_spec(&spec(
-            "template: {initContainers: [{name: proxy}], containers: [{name: proxy}]}",
-        ))
-        .expect_err("fails");
-        assert_eq!(v.field, "spec.template.containers[0].name");
+    fn where_the_compiler_and_a_cel_rule_both_refuse_the_compiler_names_the_item() {
+        let e = policy_doc(
+            "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: p}\n\
+             spec: {template: {initContainers: [{name: x, image: a}], containers: [{name: x, image: b}]}}\n",
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(
+            e.field, None,
+            "the compiler names the field in its message: {e}"
+        );
         assert!(
-            v.message.contains("spec.template.initContainers[0].name"),
-            "{v:?}"
+            e.to_string().contains("spec.template.containers[0].name"),
+            "{e}"
         );
     }
 
     #[test]
-    fn duplicate_volumes_env_and_mount_paths_are_refused() {
-        let cases = [
-            (
-                "template: {volumes: [{name: a, emptyDir: {}}, {name: a, emptyDir: {}}]}",
-                "spec.template.volumes[1].name",
-            ),
-            (
-                "template: {env: [{name: A}, {name: A}]}",
-                "spec.template.env[1].name",
-            ),
-            (
-                "template: {volumeMounts: [{name: a, mountPath: /x}, {name: b, mountPath: /x}]}",
-                "spec.template.volumeMounts[1].mountPath",
-            ),
-        ];
-        for (yaml, field) in cases {
-            assert_eq!(check_spec(&spec(yaml)).expect_err(yaml).field, field);
-        }
-    }
-
-    #[test]
-    fn bounds_on_list_lengths_follow_the_crd() {
-        let env: Vec<String> = (0..=MAX_INJECTED_ENV)
-            .map(|i| format!("{{name: E{i}}}"))
-            .collect();
-        let v = check_spec(&spec(&format!("template: {{env: [{}]}}", env.join(","))))
-            .expect_err("fails");
-        assert_eq!(v.field, "spec.template.env");
+    fn a_policy_without_spec_is_refused_as_the_api_server_does() {
+        let e = policy_doc(
+            "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: p}\n",
+        )
+        .err()
+        .expect("refused");
+        assert_eq!(e.field.as_deref(), Some("spec"), "{e}");
+        assert_eq!(e.message, "required");
     }
 
     #[test]
