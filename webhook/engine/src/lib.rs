@@ -645,11 +645,8 @@ fn run(
         patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     let object = if want_object {
         let mut doc = parse_value(request.object.text)?;
-        patch::apply(&mut doc, &plan.ops).map_err(|e| {
-            EngineError::InvalidObject(format!(
-                "the engine produced an inapplicable patch: {}",
-                e.0
-            ))
+        patch::apply(&mut doc, &patch).map_err(|e| {
+            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {e}"))
         })?;
         Some(doc)
     } else {
