@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -19,7 +20,6 @@ use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use splice_crds::{FailurePolicy, InjectionPolicy};
-use splice_server::metrics::Metrics;
 use tokio::sync::watch as channel;
 
 /// Replicas that must be available before `Fail` is allowed: with one, a single restart or node
