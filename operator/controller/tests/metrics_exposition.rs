@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use splice_engine::SkipReason;
 use splice_server::metrics::{Outcome, Registry, render};
+use strum::IntoEnumIterator;
 
 const BEFORE: &str = include_str!("fixtures/metrics-before.prom");
 
@@ -54,28 +55,11 @@ fn the_exposition_keeps_every_family_type_help_text_and_series_of_the_hand_writt
 
     // The observations the fixture was captured with.
     let m = admission.admission("mesh");
-    for outcome in [
-        Outcome::Injected,
-        Outcome::Unchanged,
-        Outcome::Skipped,
-        Outcome::Error,
-        Outcome::BadRequest,
-        Outcome::UnknownPolicy,
-        Outcome::Null,
-        Outcome::Allowed,
-        Outcome::Denied,
-    ] {
+    for outcome in Outcome::iter() {
         m.observe(outcome, Duration::from_micros(80));
     }
     m.injected();
-    for reason in [
-        SkipReason::ExcludedNamespace,
-        SkipReason::OptedOut,
-        SkipReason::NamespaceNotSelected,
-        SkipReason::ObjectNotSelected,
-        SkipReason::OperationNotConfigured,
-        SkipReason::NotAPod,
-    ] {
+    for reason in SkipReason::iter() {
         m.skipped(reason);
     }
     controller.observe_reconcile("success", Duration::from_millis(3));

@@ -19,6 +19,7 @@ use prometheus_client::metrics::histogram::Histogram;
 pub use prometheus_client::registry::Registry;
 
 use splice_engine::SkipReason;
+use strum::EnumCount;
 
 /// The `Content-Type` of [`render`]'s output.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -39,7 +40,10 @@ pub const ADMISSION_BUCKETS: [f64; 16] = [
 ];
 
 /// How one admission request ended: the `outcome` label of `splice_admission_requests_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum Outcome {
     /// A non-empty patch was returned.
     Injected,
@@ -62,36 +66,15 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    const COUNT: usize = 9;
-
     /// Stable label value.
     pub fn label(self) -> &'static str {
-        match self {
-            Outcome::Injected => "injected",
-            Outcome::Unchanged => "unchanged",
-            Outcome::Skipped => "skipped",
-            Outcome::Error => "error",
-            Outcome::BadRequest => "bad_request",
-            Outcome::UnknownPolicy => "unknown_policy",
-            Outcome::Null => "null",
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-        }
+        self.into()
     }
 }
 
-const SKIP_REASONS: usize = 6;
-
+/// The slot of `reason` among a policy's skip counters.
 fn skip_index(reason: SkipReason) -> usize {
-    // Exhaustive on purpose: a new skip reason in the engine must be given a slot here.
-    match reason {
-        SkipReason::ExcludedNamespace => 0,
-        SkipReason::OptedOut => 1,
-        SkipReason::NamespaceNotSelected => 2,
-        SkipReason::ObjectNotSelected => 3,
-        SkipReason::OperationNotConfigured => 4,
-        SkipReason::NotAPod => 5,
-    }
+    reason as usize
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -131,7 +114,7 @@ pub struct AdmissionMetrics {
     requests: [OnceLock<Counter>; Outcome::COUNT],
     duration: Histogram,
     injections: OnceLock<Counter>,
-    skipped: [OnceLock<Counter>; SKIP_REASONS],
+    skipped: [OnceLock<Counter>; SkipReason::COUNT],
 }
 
 impl AdmissionMetrics {

@@ -14,13 +14,15 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 /// Why a certificate or key could not be loaded.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum TlsError {
     #[error("the certificate PEM holds no CERTIFICATE block")]
     NoCertificate,
     #[error("the key PEM holds no private key (PKCS#8, SEC1 or PKCS#1 block)")]
     NoPrivateKey,
     #[error("malformed PEM: {0}")]
+    #[strum(serialize = "malformed_pem")]
     Pem(#[source] std::io::Error),
     #[error("unsupported private key: {0}")]
     UnsupportedKey(#[source] rustls::Error),
@@ -33,14 +35,7 @@ pub enum TlsError {
 impl TlsError {
     /// Stable label for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            TlsError::NoCertificate => "no_certificate",
-            TlsError::NoPrivateKey => "no_private_key",
-            TlsError::Pem(_) => "malformed_pem",
-            TlsError::UnsupportedKey(_) => "unsupported_key",
-            TlsError::KeyMismatch => "key_mismatch",
-            TlsError::Config(_) => "config",
-        }
+        self.into()
     }
 }
 
