@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -27,7 +28,6 @@ use kube::{Client, Resource, ResourceExt};
 use splice_crds::{Coverage, InjectionPolicy, STATUS_ANNOTATION, condition};
 use splice_engine::explain::{selects_namespace, selects_pod};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
-use splice_server::metrics::Metrics;
 use splice_server::store::PolicyStore;
 use tokio::sync::watch;
 

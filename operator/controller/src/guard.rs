@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -19,7 +20,6 @@ use kube::api::{Api, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use splice_crds::{FailurePolicy, InjectionPolicy};
-use splice_server::metrics::Metrics;
 use tokio::sync::watch as channel;
 
 /// Replicas that must be available before `Fail` is allowed: with one, a single restart or node
@@ -28,7 +28,8 @@ pub const MIN_AVAILABLE_REPLICAS: i32 = 2;
 
 /// Why `Fail` is not in force. The names are the FailClosed condition's reasons; `label()` is the
 /// metric's label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumIter)]
+#[strum(serialize_all = "snake_case")]
 pub enum Reason {
     /// The guard has not read the Deployment and budgets yet.
     NotObserved,
@@ -42,17 +43,6 @@ pub enum Reason {
 }
 
 impl Reason {
-    #[cfg(test)]
-    pub const ALL: [Reason; 7] = [
-        Reason::NotObserved,
-        Reason::DeploymentNotFound,
-        Reason::InsufficientReplicas,
-        Reason::NoDisruptionBudget,
-        Reason::DisruptionBudgetDoesNotSelect,
-        Reason::DisruptionBudgetAllowsZero,
-        Reason::HoldingBeforeFail,
-    ];
-
     /// The FailClosed condition's reason (CamelCase, as Kubernetes reasons are).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -68,15 +58,7 @@ impl Reason {
 
     /// Stable label for `splice_availability_guard{reason}`.
     pub fn label(self) -> &'static str {
-        match self {
-            Reason::NotObserved => "not_observed",
-            Reason::DeploymentNotFound => "deployment_not_found",
-            Reason::InsufficientReplicas => "insufficient_replicas",
-            Reason::NoDisruptionBudget => "no_disruption_budget",
-            Reason::DisruptionBudgetDoesNotSelect => "disruption_budget_does_not_select",
-            Reason::DisruptionBudgetAllowsZero => "disruption_budget_allows_zero",
-            Reason::HoldingBeforeFail => "holding_before_fail",
-        }
+        self.into()
     }
 }
 
@@ -509,6 +491,7 @@ mod tests {
     use k8s_openapi::api::core::v1::PodTemplateSpec;
     use k8s_openapi::api::policy::v1::PodDisruptionBudgetSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, ObjectMeta};
+    use strum::IntoEnumIterator;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -913,11 +896,10 @@ mod tests {
 
     #[test]
     fn every_reason_has_a_distinct_condition_reason_and_metric_label() {
-        let reasons: std::collections::HashSet<_> =
-            Reason::ALL.iter().map(|r| r.as_str()).collect();
-        let labels: std::collections::HashSet<_> = Reason::ALL.iter().map(|r| r.label()).collect();
-        assert_eq!(reasons.len(), Reason::ALL.len());
-        assert_eq!(labels.len(), Reason::ALL.len());
+        let reasons: std::collections::HashSet<_> = Reason::iter().map(Reason::as_str).collect();
+        let labels: std::collections::HashSet<_> = Reason::iter().map(Reason::label).collect();
+        assert_eq!(reasons.len(), Reason::iter().count());
+        assert_eq!(labels.len(), Reason::iter().count());
         assert!(!labels.contains("available"));
         assert_eq!(GuardStatus::not_observed().label(), "not_observed");
     }

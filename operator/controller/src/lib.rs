@@ -13,6 +13,7 @@ pub mod certs;
 pub mod coverage;
 pub mod guard;
 pub mod leader;
+pub mod metrics;
 pub mod policy;
 pub mod probe;
 pub mod retry;
@@ -37,7 +38,7 @@ use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER};
 use splice_engine::{CompiledPolicy, NamespaceContext};
 use splice_server::admin::{AdminServer, Readiness};
-use splice_server::metrics::Metrics;
+use splice_server::metrics::Registry;
 use splice_server::server::{WebhookConfig, WebhookServer};
 use splice_server::store::{NamespaceStore, PolicyStore};
 use splice_server::tls::CertResolver;
@@ -46,6 +47,7 @@ use tokio::task::JoinHandle;
 
 use self::certs::{Serving, rotation};
 use self::leader::LeaseConfig;
+use self::metrics::Metrics;
 use self::policy::reconcile::{Error, error_policy, reconcile};
 use self::policy::render::ClientTarget;
 use self::policy::{neighbours, reconcile, serving, validating};
@@ -243,7 +245,10 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     settings.lease.validate()?;
-    let metrics = Arc::new(Metrics::new());
+    let mut registry = Registry::default();
+    let admission = Arc::new(splice_server::metrics::Metrics::register(&mut registry));
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let registry = Arc::new(registry);
     let policies = Arc::new(PolicyStore::new());
     let namespaces = Arc::new(NamespaceStore::new());
     let resolver = Arc::new(CertResolver::new());
@@ -282,12 +287,12 @@ pub async fn run(
         WebhookConfig::new(&settings.namespace),
         Arc::clone(&policies),
         Arc::clone(&namespaces),
-        Arc::clone(&metrics),
+        admission,
         Arc::clone(&resolver),
     )?
     .readiness(Arc::clone(&readiness));
     let webhook_task = tokio::spawn(server.serve(webhook_listener, stopped()));
-    let admin = AdminServer::new(Arc::clone(&metrics), Arc::clone(&readiness));
+    let admin = AdminServer::new(registry, Arc::clone(&readiness));
     let admin_task = tokio::spawn(admin.serve(admin_listener, stopped()));
 
     // Caches every replica keeps: the webhook answers from them.

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -22,7 +23,6 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, ProbeStatus, condition};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
-use splice_server::metrics::Metrics;
 use tokio::sync::watch;
 
 use crate::coverage::{Namespaces, Policies};

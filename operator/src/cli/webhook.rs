@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use splice_controller::metrics::Metrics;
 use splice_server::admin::{AdminServer, Readiness};
-use splice_server::metrics::Metrics;
+use splice_server::metrics::Registry;
 use splice_server::server::{WebhookConfig, WebhookServer};
 use splice_server::store::{NamespaceStore, PolicyStore};
 use splice_server::tls::CertResolver;
@@ -109,7 +110,12 @@ async fn serve(
     let names: Vec<String> = loaded.iter().map(|p| p.name.clone()).collect();
     policies.replace_all(loaded.into_iter().map(|p| (p.name, Arc::new(p.compiled))));
 
-    let metrics = Arc::new(Metrics::new());
+    // The admission metrics and the served certificate's expiry: all of the controller's metrics
+    // that apply without a cluster.
+    let mut registry = Registry::default();
+    let admission = Arc::new(splice_server::metrics::Metrics::register(&mut registry));
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let registry = Arc::new(registry);
     record_expiry(&metrics, &resolver);
     let readiness = Arc::new(Readiness::new(Arc::clone(&resolver)));
     // No cluster, so no caches to wait for.
@@ -141,7 +147,7 @@ async fn serve(
         config,
         policies,
         Arc::new(NamespaceStore::new()),
-        Arc::clone(&metrics),
+        admission,
         Arc::clone(&resolver),
     )
     .context("cannot configure TLS")?
@@ -162,7 +168,7 @@ async fn serve(
     ));
     let (webhook_done, admin_stop) = tokio::sync::oneshot::channel::<()>();
     let admin = admin_listener.map(|listener| {
-        let admin = AdminServer::new(Arc::clone(&metrics), Arc::clone(&readiness));
+        let admin = AdminServer::new(Arc::clone(&registry), Arc::clone(&readiness));
         tokio::spawn(admin.serve(listener, async {
             let _ = admin_stop.await;
         }))

@@ -338,7 +338,10 @@ pub struct Injection {
     pub warnings: Vec<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, strum::IntoStaticStr, strum::EnumCount, strum::EnumIter,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum SkipReason {
     ExcludedNamespace,
     OptedOut,
@@ -351,19 +354,13 @@ pub enum SkipReason {
 impl SkipReason {
     /// Stable label for `splice_injection_skipped_total{reason}`.
     pub fn label(self) -> &'static str {
-        match self {
-            SkipReason::ExcludedNamespace => "excluded_namespace",
-            SkipReason::OptedOut => "opted_out",
-            SkipReason::NamespaceNotSelected => "namespace_not_selected",
-            SkipReason::ObjectNotSelected => "object_not_selected",
-            SkipReason::OperationNotConfigured => "operation_not_configured",
-            SkipReason::NotAPod => "not_a_pod",
-        }
+        self.into()
     }
 }
 
 /// Errors in a policy (found when compiling it). Each names the policy and the field.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum PolicyError {
     /// A `{{ … }}` expression does not parse, names a variable outside `pod`, `namespace`,
     /// `policy` and `values`, or (for a template that only reads `policy`/`values`) fails to
@@ -409,13 +406,7 @@ pub enum PolicyError {
 impl PolicyError {
     /// Stable label for metrics and conditions.
     pub fn label(&self) -> &'static str {
-        match self {
-            PolicyError::Template { .. } => "template",
-            PolicyError::Selector { .. } => "selector",
-            PolicyError::DuplicateName { .. } => "duplicate_name",
-            PolicyError::InvalidField { .. } => "invalid_field",
-            PolicyError::Privileged { .. } => "privileged",
-        }
+        self.into()
     }
 
     /// The policy field the error is about.
@@ -431,7 +422,8 @@ impl PolicyError {
 }
 
 /// Errors while injecting one pod.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum EngineError {
     /// The object is not valid JSON, or a field the engine reads has the wrong type.
     #[error("invalid object: {0}")]
@@ -455,11 +447,7 @@ pub enum EngineError {
 impl EngineError {
     /// Stable label for `splice_admission_requests_total{outcome}` and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            EngineError::InvalidObject(_) => "invalid_object",
-            EngineError::Render { .. } => "render",
-            EngineError::InvalidRender { .. } => "invalid_render",
-        }
+        self.into()
     }
 }
 
@@ -645,11 +633,8 @@ fn run(
         patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
     let object = if want_object {
         let mut doc = parse_value(request.object.text)?;
-        patch::apply(&mut doc, &plan.ops).map_err(|e| {
-            EngineError::InvalidObject(format!(
-                "the engine produced an inapplicable patch: {}",
-                e.0
-            ))
+        patch::apply(&mut doc, &patch).map_err(|e| {
+            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {e}"))
         })?;
         Some(doc)
     } else {

@@ -1,5 +1,7 @@
-//! RFC 6902 JSON Patch: the operations the engine emits, their serialization, and a small applier
-//! for producing the mutated object (`splice inject`, `splice simulate`).
+//! RFC 6902 JSON Patch: the operations the engine emits and their serialization (the request
+//! path). The mutated object of `splice inject` / `splice simulate` is built by applying the
+//! serialized patch with the `json-patch` crate ([`apply`]), so what the CLI shows is what the API
+//! server would apply.
 
 use std::borrow::Cow;
 
@@ -142,21 +144,6 @@ impl Text<'_> {
             Text::Escaped(s) => s.len(),
         }
     }
-
-    fn to_value(&self) -> Value {
-        match self {
-            Text::Plain(s) => Value::String(s.to_string()),
-            // Only the offline path applies the patch; the engine wrote this escape itself.
-            Text::Escaped(body) => {
-                let mut quoted = Vec::with_capacity(body.len() + 2);
-                quoted.push(b'"');
-                quoted.extend_from_slice(body);
-                quoted.push(b'"');
-                serde_json::from_slice(&quoted)
-                    .unwrap_or_else(|e| Value::String(format!("unreadable escaped text: {e}")))
-            }
-        }
-    }
 }
 
 /// A value in an operation, kept borrowed until serialization.
@@ -209,23 +196,6 @@ impl OpValue<'_> {
             OpValue::EmptyObject => out.bytes(b"{}"),
         }
         Ok(())
-    }
-
-    pub fn to_value(&self) -> Value {
-        match self {
-            OpValue::Item(item) => item.value.as_ref().clone(),
-            OpValue::Items(items) => {
-                Value::Array(items.iter().map(|i| i.value.as_ref().clone()).collect())
-            }
-            OpValue::Str(s) => s.to_value(),
-            OpValue::StrMap(entries) => Value::Object(
-                entries
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_value()))
-                    .collect(),
-            ),
-            OpValue::EmptyObject => Value::Object(Default::default()),
-        }
     }
 }
 
@@ -299,74 +269,11 @@ pub(crate) fn serialize(ops: &[Op<'_>]) -> Result<Vec<u8>, serde_json::Error> {
     Ok(out.finish())
 }
 
-/// Why applying an operation failed: a bug in the engine, never a property of the input, since the
-/// engine only emits paths it has seen.
-#[derive(Debug)]
-pub(crate) struct ApplyError(pub String);
-
-fn unescape(token: &str) -> Cow<'_, str> {
-    if token.contains('~') {
-        Cow::Owned(token.replace("~1", "/").replace("~0", "~"))
-    } else {
-        Cow::Borrowed(token)
-    }
-}
-
-/// Applies `ops` to `doc` in order.
-pub(crate) fn apply(doc: &mut Value, ops: &[Op<'_>]) -> Result<(), ApplyError> {
-    for op in ops {
-        let (path, value) = match op {
-            Op::Add(p, v) | Op::Replace(p, v) => (p, Some(v)),
-            Op::Remove(p) => (p, None),
-        };
-        let path = path.to_string();
-        let (parent_path, last) = path
-            .rsplit_once('/')
-            .ok_or_else(|| ApplyError(format!("invalid path {path}")))?;
-        let last = unescape(last);
-        let parent = doc
-            .pointer_mut(parent_path)
-            .ok_or_else(|| ApplyError(format!("no parent for {path}")))?;
-        match (op, parent) {
-            (Op::Add(..), Value::Object(map)) | (Op::Replace(..), Value::Object(map)) => {
-                map.insert(
-                    last.into_owned(),
-                    value.map(OpValue::to_value).unwrap_or_default(),
-                );
-            }
-            (Op::Remove(_), Value::Object(map)) => {
-                map.shift_remove(last.as_ref())
-                    .ok_or_else(|| ApplyError(format!("nothing to remove at {path}")))?;
-            }
-            (Op::Add(..), Value::Array(items)) => {
-                let v = value.map(OpValue::to_value).unwrap_or_default();
-                if last == "-" {
-                    items.push(v);
-                } else {
-                    let i = index(&last, items.len() + 1, &path)?;
-                    items.insert(i, v);
-                }
-            }
-            (Op::Replace(..), Value::Array(items)) => {
-                let i = index(&last, items.len(), &path)?;
-                items[i] = value.map(OpValue::to_value).unwrap_or_default();
-            }
-            (Op::Remove(_), Value::Array(items)) => {
-                let i = index(&last, items.len(), &path)?;
-                items.remove(i);
-            }
-            _ => return Err(ApplyError(format!("parent of {path} is not a container"))),
-        }
-    }
-    Ok(())
-}
-
-fn index(token: &str, bound: usize, path: &str) -> Result<usize, ApplyError> {
-    token
-        .parse::<usize>()
-        .ok()
-        .filter(|i| *i < bound)
-        .ok_or_else(|| ApplyError(format!("index out of range in {path}")))
+/// Applies a patch [`serialize`] wrote to `doc`. An error is a bug in the engine, never a
+/// property of the input, since the engine only emits paths it has seen.
+pub(crate) fn apply(doc: &mut Value, patch: &[u8]) -> Result<(), String> {
+    let ops: json_patch::Patch = serde_json::from_slice(patch).map_err(|e| e.to_string())?;
+    json_patch::patch(doc, &ops).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -379,9 +286,7 @@ mod tests {
             pointer(&["metadata", "annotations", "a~b/c"]),
             "/metadata/annotations/a~0b~1c"
         );
-        assert_eq!(unescape("a~0b~1c"), "a~b/c");
         // "~01" is "~" followed by "1", not "/".
         assert_eq!(pointer(&["~1"]), "/~01");
-        assert_eq!(unescape("~01"), "~1");
     }
 }

@@ -3,7 +3,7 @@
 //! - `GET /healthz`: 200 while the process serves at all (liveness).
 //! - `GET /readyz`: 200 only with a certificate loaded, the caches synced and no shutdown under
 //!   way; otherwise 503 naming each unmet condition.
-//! - `GET /metrics`: the [`Metrics`] registry in the Prometheus text format.
+//! - `GET /metrics`: the metrics [`Registry`] in the Prometheus text format.
 //!
 //! On hyper directly, like the admission server: three GET routes need no framework.
 
@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
-use crate::metrics::{self, Metrics};
+use crate::metrics::{self, Registry};
 use crate::tls::CertResolver;
 
 /// Whether this replica should receive admission traffic.
@@ -77,13 +77,16 @@ impl Readiness {
 /// Serves `/healthz`, `/readyz` and `/metrics`.
 #[derive(Clone, Debug)]
 pub struct AdminServer {
-    metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
     readiness: Arc<Readiness>,
 }
 
 impl AdminServer {
-    pub fn new(metrics: Arc<Metrics>, readiness: Arc<Readiness>) -> Self {
-        AdminServer { metrics, readiness }
+    pub fn new(registry: Arc<Registry>, readiness: Arc<Readiness>) -> Self {
+        AdminServer {
+            registry,
+            readiness,
+        }
     }
 
     /// Answers one admin request.
@@ -111,7 +114,8 @@ impl AdminServer {
                 }
             }
             "/metrics" => {
-                let mut response = Response::new(Full::new(Bytes::from(self.metrics.render())));
+                let mut response =
+                    Response::new(Full::new(Bytes::from(metrics::render(&self.registry))));
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static(metrics::CONTENT_TYPE),
@@ -205,7 +209,7 @@ mod tests {
     fn readiness_needs_a_certificate_and_synced_caches_and_drops_on_shutdown() {
         let resolver = Arc::new(CertResolver::new());
         let readiness = Arc::new(Readiness::new(Arc::clone(&resolver)));
-        let server = AdminServer::new(Arc::new(Metrics::new()), Arc::clone(&readiness));
+        let server = AdminServer::new(Arc::default(), Arc::clone(&readiness));
 
         let (status, body) = get(&server, "/readyz");
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
@@ -226,10 +230,13 @@ mod tests {
 
     #[test]
     fn metrics_are_served_as_prometheus_text() {
-        let metrics = Arc::new(Metrics::new());
-        metrics.observe_reconcile("success", Duration::from_millis(1));
+        let mut registry = Registry::default();
+        let metrics = metrics::Metrics::register(&mut registry);
+        metrics
+            .admission("mesh")
+            .observe(metrics::Outcome::Injected, Duration::from_millis(1));
         let readiness = Arc::new(Readiness::new(Arc::new(CertResolver::new())));
-        let server = AdminServer::new(metrics, readiness);
+        let server = AdminServer::new(Arc::new(registry), readiness);
         let request = Request::get("/metrics").body(()).unwrap();
         let response = server.handle(&request);
         assert_eq!(
@@ -238,7 +245,9 @@ mod tests {
         );
         let body = futures_body(response.into_body());
         assert!(
-            body.contains("splice_reconcile_total{result=\"success\"} 1"),
+            body.contains(
+                "splice_admission_requests_total{policy=\"mesh\",outcome=\"injected\"} 1"
+            ),
             "{body}"
         );
     }
@@ -246,7 +255,7 @@ mod tests {
     #[test]
     fn other_paths_and_methods_are_refused() {
         let readiness = Arc::new(Readiness::new(Arc::new(CertResolver::new())));
-        let server = AdminServer::new(Arc::new(Metrics::new()), readiness);
+        let server = AdminServer::new(Arc::default(), readiness);
         assert_eq!(get(&server, "/nope").0, StatusCode::NOT_FOUND);
         let post = Request::post("/metrics").body(()).unwrap();
         assert_eq!(

@@ -180,27 +180,35 @@ pub struct Review<'a> {
 }
 
 /// Why a body is not an AdmissionReview Splice can answer (HTTP 400).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum ReviewError {
     #[error("the request body is empty")]
+    #[strum(serialize = "empty_body")]
     Empty,
     #[error("the request body is truncated: {0}")]
+    #[strum(serialize = "truncated_body")]
     Truncated(#[source] json::Error),
     #[error("the request body is not JSON: {0}")]
     NotJson(#[source] json::Error),
     #[error("the request body is not an AdmissionReview: {0}")]
+    #[strum(serialize = "not_an_admission_review")]
     Shape(#[source] json::Error),
     #[error("apiVersion is {0:?}; Splice only speaks {API_VERSION}")]
+    #[strum(serialize = "unsupported_api_version")]
     ApiVersion(String),
     #[error("kind is {0:?}; expected {KIND}")]
+    #[strum(serialize = "wrong_kind")]
     Kind(String),
     #[error("the AdmissionReview has no request")]
     NoRequest,
     #[error("request.uid is missing or empty")]
     NoUid,
     #[error("request.kind is missing")]
+    #[strum(serialize = "no_request_kind")]
     NoKind,
     #[error("request.operation is {0:?}; expected CREATE, UPDATE, DELETE or CONNECT")]
+    #[strum(serialize = "unknown_operation")]
     Operation(String),
     #[error("request.object is missing for a {0} of a pod")]
     NoObject(&'static str),
@@ -211,20 +219,7 @@ pub enum ReviewError {
 impl ReviewError {
     /// Stable label for logs and metrics.
     pub fn label(&self) -> &'static str {
-        match self {
-            ReviewError::Empty => "empty_body",
-            ReviewError::Truncated(_) => "truncated_body",
-            ReviewError::NotJson(_) => "not_json",
-            ReviewError::Shape(_) => "not_an_admission_review",
-            ReviewError::ApiVersion(_) => "unsupported_api_version",
-            ReviewError::Kind(_) => "wrong_kind",
-            ReviewError::NoRequest => "no_request",
-            ReviewError::NoUid => "no_uid",
-            ReviewError::NoKind => "no_request_kind",
-            ReviewError::Operation(_) => "unknown_operation",
-            ReviewError::NoObject(_) => "no_object",
-            ReviewError::NoNamespace => "no_namespace",
-        }
+        self.into()
     }
 }
 

@@ -14,13 +14,15 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 /// Why a certificate or key could not be loaded.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum TlsError {
     #[error("the certificate PEM holds no CERTIFICATE block")]
     NoCertificate,
     #[error("the key PEM holds no private key (PKCS#8, SEC1 or PKCS#1 block)")]
     NoPrivateKey,
     #[error("malformed PEM: {0}")]
+    #[strum(serialize = "malformed_pem")]
     Pem(#[source] std::io::Error),
     #[error("unsupported private key: {0}")]
     UnsupportedKey(#[source] rustls::Error),
@@ -33,14 +35,7 @@ pub enum TlsError {
 impl TlsError {
     /// Stable label for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            TlsError::NoCertificate => "no_certificate",
-            TlsError::NoPrivateKey => "no_private_key",
-            TlsError::Pem(_) => "malformed_pem",
-            TlsError::UnsupportedKey(_) => "unsupported_key",
-            TlsError::KeyMismatch => "key_mismatch",
-            TlsError::Config(_) => "config",
-        }
+        self.into()
     }
 }
 
@@ -140,95 +135,11 @@ pub fn server_config(resolver: Arc<CertResolver>) -> Result<Arc<rustls::ServerCo
     Ok(Arc::new(config))
 }
 
-/// Reads `tbsCertificate.validity.notAfter` from a DER certificate, as Unix seconds. A minimal DER
-/// walk (no X.509 crate) because this is the only field Splice needs from its own certificates.
+/// Reads `tbsCertificate.validity.notAfter` from a DER certificate, as Unix seconds; `None` when
+/// the bytes do not start with a whole X.509 certificate.
 pub fn not_after_unix(cert_der: &[u8]) -> Option<i64> {
-    let (tag, certificate, _) = der_element(cert_der)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let (tag, tbs, _) = der_element(certificate)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let mut rest = tbs;
-    // version [0] EXPLICIT, optional
-    let (tag, _, after) = der_element(rest)?;
-    if tag == 0xa0 {
-        rest = after;
-    }
-    // serialNumber, signature, issuer
-    for expected in [0x02, 0x30, 0x30] {
-        let (tag, _, after) = der_element(rest)?;
-        if tag != expected {
-            return None;
-        }
-        rest = after;
-    }
-    let (tag, validity, _) = der_element(rest)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let (_, _, after_not_before) = der_element(validity)?;
-    let (tag, time, _) = der_element(after_not_before)?;
-    parse_der_time(tag, time)
-}
-
-/// Splits one DER element off `input`: (tag, contents, remainder).
-fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (len_bytes, rest) = rest.split_at(n);
-        let len = len_bytes
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        (len, rest)
-    };
-    if rest.len() < len {
-        return None;
-    }
-    let (contents, remainder) = rest.split_at(len);
-    Some((tag, contents, remainder))
-}
-
-fn parse_der_time(tag: u8, time: &[u8]) -> Option<i64> {
-    let text = std::str::from_utf8(time).ok()?;
-    let text = text.strip_suffix('Z')?;
-    let (year, rest) = match tag {
-        // UTCTime: YYMMDDHHMMSS; RFC 5280 puts YY < 50 in the 21st century.
-        0x17 if text.len() == 12 => {
-            let yy: i64 = text.get(0..2)?.parse().ok()?;
-            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
-        }
-        // GeneralizedTime: YYYYMMDDHHMMSS
-        0x18 if text.len() == 14 => (text.get(0..4)?.parse().ok()?, text.get(4..)?),
-        _ => return None,
-    };
-    let field = |i: usize| -> Option<i64> { rest.get(i..i + 2)?.parse().ok() };
-    let (month, day, hour, minute, second) =
-        (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der).ok()?;
+    Some(cert.validity().not_after.timestamp())
 }
 
 #[cfg(test)]
@@ -304,8 +215,7 @@ mod tests {
         let ck = certified_key_from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
         let der = ck.end_entity_cert().unwrap().as_ref().to_vec();
         for cut in 0..der.len() {
-            // Cutting inside the certificate either still finds notAfter or finds nothing.
-            let _ = not_after_unix(&der[..cut]);
+            assert_eq!(not_after_unix(&der[..cut]), None, "cut at {cut}");
         }
         assert_eq!(not_after_unix(&[]), None);
         assert_eq!(not_after_unix(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);

@@ -124,7 +124,8 @@ async fn a_malformed_review_or_a_create_without_object_is_a_400_with_a_reason() 
 
 #[tokio::test]
 async fn validations_are_counted_under_the_fixed_validate_label() {
-    let metrics = std::sync::Arc::new(splice_server::metrics::Metrics::new());
+    let mut registry = splice_server::metrics::Registry::default();
+    let metrics = std::sync::Arc::new(splice_server::metrics::Metrics::register(&mut registry));
     let handler = Handler::new(
         splice_server::server::WebhookConfig::new("splice-system"),
         std::sync::Arc::new(splice_server::store::PolicyStore::new()),
@@ -135,7 +136,7 @@ async fn validations_are_counted_under_the_fixed_validate_label() {
     let bad = json!({"template": {"labels": {"a": "{{ nope }}"}}});
     answer(&handler, review("CREATE", Some(policy(bad)))).await;
     answer(&handler, review("CREATE", Some(policy(json!({}))))).await;
-    let text = metrics.render();
+    let text = splice_server::metrics::render(&registry);
     assert!(
         text.contains(r#"splice_admission_requests_total{policy="_validate",outcome="denied"} 1"#),
         "{text}"

@@ -57,7 +57,8 @@ impl fmt::Debug for KeyedCert {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CaError {
     #[error("generating a certificate: {0}")]
     Generate(#[from] rcgen::Error),
@@ -67,10 +68,7 @@ pub enum CaError {
 
 impl CaError {
     pub fn label(&self) -> &'static str {
-        match self {
-            CaError::Generate(_) => "generate",
-            CaError::BadCertificate { .. } => "bad_certificate",
-        }
+        self.into()
     }
 }
 

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -34,7 +35,6 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, MANAGED_BY_LABEL, MANAGER};
-use splice_server::metrics::Metrics;
 use splice_server::tls::CertResolver;
 use time::OffsetDateTime;
 use tokio::sync::watch;

@@ -106,7 +106,8 @@ impl CaState {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum StateError {
     #[error("Secret {CA_SECRET} has no {0:?} key")]
     MissingKey(&'static str),
@@ -118,11 +119,7 @@ pub enum StateError {
 
 impl StateError {
     pub fn label(&self) -> &'static str {
-        match self {
-            StateError::MissingKey(_) => "missing_key",
-            StateError::NotPem(_) => "not_pem",
-            StateError::UnknownPhase(_) => "unknown_phase",
-        }
+        self.into()
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Client;
@@ -13,7 +14,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, Operation};
-use splice_server::metrics::Metrics;
 use tokio::sync::watch;
 use tower_test::mock;
 

@@ -142,7 +142,8 @@ impl ClientTarget {
 }
 
 /// Why a policy cannot be rendered.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum RenderError {
     #[error(
         "policy name {name:?} is {len} characters long; at most {max} fit in the webhook name \
@@ -161,11 +162,7 @@ pub enum RenderError {
 
 impl RenderError {
     pub fn label(&self) -> &'static str {
-        match self {
-            RenderError::NameTooLong { .. } => "name_too_long",
-            RenderError::MissingUid(_) => "missing_uid",
-            RenderError::InvalidWebhookUrl { .. } => "invalid_webhook_url",
-        }
+        self.into()
     }
 }
 

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::Resource as _;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -25,7 +26,6 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{MANAGED_BY_LABEL, MANAGER};
-use splice_server::metrics::Metrics;
 use splice_server::server::VALIDATE_PATH;
 use tokio::sync::watch;
 

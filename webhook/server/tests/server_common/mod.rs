@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rustls::pki_types::{CertificateDer, ServerName};
 use splice_server::admin::Readiness;
-use splice_server::metrics::Metrics;
+use splice_server::metrics::{Metrics, Registry};
 use splice_server::server::{ServeSummary, WebhookConfig, WebhookServer};
 use splice_server::store::{NamespaceStore, PolicyStore};
 use splice_server::tls::{CertResolver, certified_key_from_pem};
@@ -77,6 +77,8 @@ pub struct Running {
     pub ca: Ca,
     pub resolver: Arc<CertResolver>,
     pub metrics: Arc<Metrics>,
+    /// The registry `metrics` is exported from.
+    pub registry: Registry,
     pub policies: Arc<PolicyStore>,
     pub namespaces: Arc<NamespaceStore>,
     pub readiness: Arc<Readiness>,
@@ -96,7 +98,8 @@ impl Running {
     ) -> Running {
         let ca = Ca::new();
         let resolver = Arc::new(CertResolver::with_key(ca.issue_key()));
-        let metrics = Arc::new(Metrics::new());
+        let mut registry = Registry::default();
+        let metrics = Arc::new(Metrics::register(&mut registry));
         let namespaces = Arc::new(NamespaceStore::new());
         let readiness = Arc::new(Readiness::new(Arc::clone(&resolver)));
         readiness.set_caches_synced(true);
@@ -121,6 +124,7 @@ impl Running {
             ca,
             resolver,
             metrics,
+            registry,
             policies,
             namespaces,
             readiness,
