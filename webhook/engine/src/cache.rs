@@ -7,7 +7,7 @@
 //! for every request, exactly as without the cache.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::facts::PodFacts;
@@ -119,7 +119,8 @@ const MAX_PLAN_BYTES: usize = 512 << 10;
 /// renderings, failed plans are not kept, and the cache lives in the compiled policy.
 #[derive(Default)]
 pub(crate) struct PlanCache {
-    hasher: RandomState,
+    /// Seeded per cache: which pods collide cannot be chosen from outside.
+    hasher: foldhash::fast::RandomState,
     map: RwLock<Plans>,
 }
 

@@ -216,3 +216,59 @@ fn names<'a, T>(items: &'a [T], name: impl Fn(&'a T) -> &'a str) -> Vec<Cow<'a, 
 fn owned(s: Cow<'_, str>) -> Cow<'static, str> {
     Cow::Owned(s.into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde_json::json;
+
+    use super::*;
+    use crate::view;
+
+    fn facts_of(pod: &serde_json::Value) -> PodFacts<'static> {
+        let text = pod.to_string();
+        let view: PodView<'_> = view::from_str(&text).unwrap();
+        PodFacts::read(
+            Operation::Create,
+            &view,
+            ["injected"].into_iter(),
+            ["note"].into_iter(),
+        )
+        .into_owned()
+    }
+
+    fn pod(name: &str, env: &str, value: &str, tier: &str, injected: &str) -> serde_json::Value {
+        json!({
+            "metadata": {
+                "name": name,
+                "labels": {"tier": tier, "injected": injected},
+                "annotations": {"note": "n", "other": name},
+            },
+            "spec": {"containers": [{
+                "name": "app",
+                "image": name,
+                "env": [{"name": env, "value": value}],
+                "volumeMounts": [{"name": "v", "mountPath": "/data"}],
+            }]},
+        })
+    }
+
+    #[test]
+    fn facts_hold_the_names_and_the_compared_keys_and_nothing_else() {
+        let a = facts_of(&pod("a", "X", "1", "web", "no"));
+        // Another name and image, env value, and labels and annotations the planner does not
+        // compare: the same facts.
+        assert_eq!(a, facts_of(&pod("b", "X", "2", "db", "no")));
+        // Another env name, or another value of a compared label: other facts.
+        assert_ne!(a, facts_of(&pod("a", "Y", "1", "web", "no")));
+        assert_ne!(a, facts_of(&pod("a", "X", "1", "web", "yes")));
+    }
+
+    #[test]
+    fn a_key_the_facts_were_not_built_with_is_refused_rather_than_read_as_absent() {
+        let a = facts_of(&pod("a", "X", "1", "web", "no"));
+        let labels = a.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert_eq!(labels.get("injected").unwrap(), Some("no"));
+        assert!(labels.get("tier").is_err());
+    }
+}

@@ -496,14 +496,7 @@ impl<'x> Planner<'_, 'x> {
         ops: &mut Vec<Op<'x>>,
     ) -> Result<(), EngineError> {
         let pod = spec.and_then(|s| s.init_containers.as_deref());
-        let recorded = NameSet::new(self.rec.init_containers.iter().map(String::as_str));
-        let ours: Vec<(usize, &str)> = pod
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-            .filter(|(_, n)| recorded.contains(n))
-            .map(|(i, n)| (i, n.as_ref()))
-            .collect();
+        let ours = recorded_items(pod, |n| n, &self.rec.init_containers);
         let rendered = self.rendered;
         let desired = self.keep(
             &rendered.init_containers,
@@ -624,32 +617,19 @@ impl<'x> Planner<'_, 'x> {
         ops: &mut Vec<Op<'x>>,
     ) -> Result<(), EngineError> {
         let pod = spec.and_then(|s| s.containers.as_deref());
-        let recorded = NameSet::new(self.rec.containers.iter().map(String::as_str));
-        let ours: Vec<(usize, &str)> = pod
-            .unwrap_or(&[])
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| recorded.contains(&c.name))
-            .map(|(i, c)| (i, c.name.as_ref()))
-            .collect();
+        let ours = recorded_items(pod, |c| &c.name, &self.rec.containers);
         let rendered = self.rendered;
         let desired = self.keep(&rendered.containers, ("container", "container"), occupied);
-        let plan = ListPlan::new(ours, desired, self.hash_same, |i| {
-            Ok(raw_at(raw.and_then(|s| s.containers.as_ref()), i))
-        })?;
-        if plan.changed {
-            emit_list(
-                ops,
+        let add = self.appended(
+            (
                 List::Spec("/spec/containers", "/spec/containers/-"),
-                pod.is_none(),
-                &plan,
-            );
-            if !plan.add.is_empty() {
-                self.injected
-                    .part("containers ", plan.add.iter().map(|i| i.key.as_ref()));
-            }
-        }
-        self.entry.containers = Names::Items(plan.add);
+                "containers ",
+            ),
+            (ours, desired),
+            (pod.is_none(), raw.and_then(|s| s.containers.as_ref())),
+            ops,
+        )?;
+        self.entry.containers = Names::Items(add);
         Ok(())
     }
 
@@ -673,23 +653,35 @@ impl<'x> Planner<'_, 'x> {
         }
         let rendered = self.rendered;
         let desired = self.keep(&rendered.volumes, ("volume", "volume"), &NameSet::new(own));
-        let plan = ListPlan::new(ours, desired, self.hash_same, |i| {
-            Ok(raw_at(raw.and_then(|s| s.volumes.as_ref()), i))
-        })?;
+        let add = self.appended(
+            (List::Spec("/spec/volumes", "/spec/volumes/-"), "volumes "),
+            (ours, desired),
+            (pod.is_none(), raw.and_then(|s| s.volumes.as_ref())),
+            ops,
+        )?;
+        self.entry.volumes = Names::Items(add);
+        Ok(())
+    }
+
+    /// Plans a list of the spec this policy appends to (`absent`: the pod has none), given the
+    /// pod's items it recorded and the ones it would inject now; returns the items it holds
+    /// afterwards.
+    fn appended(
+        &mut self,
+        (list, what): (List, &str),
+        (ours, desired): (Vec<(usize, &str)>, Vec<&'x RItem<'x>>),
+        (absent, raw): (bool, Option<&Vec<Raw<'_>>>),
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<Vec<&'x RItem<'x>>, EngineError> {
+        let plan = ListPlan::new(ours, desired, self.hash_same, |i| Ok(raw_at(raw, i)))?;
         if plan.changed {
-            emit_list(
-                ops,
-                List::Spec("/spec/volumes", "/spec/volumes/-"),
-                pod.is_none(),
-                &plan,
-            );
+            emit_list(ops, list, absent, &plan);
             if !plan.add.is_empty() {
                 self.injected
-                    .part("volumes ", plan.add.iter().map(|i| i.key.as_ref()));
+                    .part(what, plan.add.iter().map(|i| i.key.as_ref()));
             }
         }
-        self.entry.volumes = Names::Items(plan.add);
-        Ok(())
+        Ok(plan.add)
     }
 
     /// Labels, compared key by key; a rendered value must be a valid label value.
@@ -710,8 +702,8 @@ impl<'x> Planner<'_, 'x> {
                 message: format!("rendered label value {value:?} {e}"),
             })?;
         }
-        let (added, owned) = self.map(
-            ("label", "/metadata/labels"),
+        let owned = self.map(
+            ("label", "labels ", "/metadata/labels"),
             pod,
             |v| Ok(Cow::Borrowed(v)),
             &rec.labels,
@@ -719,9 +711,6 @@ impl<'x> Planner<'_, 'x> {
             ops,
         )?;
         self.entry.labels = Names::Strs(owned);
-        if !added.is_empty() {
-            self.injected.part("labels ", added.iter().copied());
-        }
         Ok(())
     }
 
@@ -732,8 +721,8 @@ impl<'x> Planner<'_, 'x> {
         ops: &mut Vec<Op<'x>>,
     ) -> Result<(), EngineError> {
         let (rendered, rec) = (self.rendered, self.rec);
-        let (added, owned) = self.map(
-            ("annotation", "/metadata/annotations"),
+        let owned = self.map(
+            ("annotation", "annotations ", "/metadata/annotations"),
             pod,
             |v| {
                 view::from_str::<Str<'_>>(v)
@@ -745,23 +734,20 @@ impl<'x> Planner<'_, 'x> {
             ops,
         )?;
         self.entry.annotations = Names::Strs(owned);
-        if !added.is_empty() {
-            self.injected.part("annotations ", added.iter().copied());
-        }
         Ok(())
     }
 
-    /// One string map (labels or annotations): returns the keys added and the keys this policy
-    /// owns afterwards (in template order).
+    /// One string map (labels or annotations): notes the keys added in the summary, and returns
+    /// the keys this policy owns afterwards (in template order).
     fn map(
         &mut self,
-        (what, base): (&str, &'static str),
+        (what, part, base): (&str, &str, &'static str),
         pod: Option<&'x Lookups<'x>>,
         decode: impl Fn(&'x str) -> Result<Cow<'x, str>, EngineError>,
         recorded: &[String],
         desired: &'x [(Cow<'x, str>, Cow<'x, str>)],
         ops: &mut Vec<Op<'x>>,
-    ) -> Result<(Vec<&'x str>, Vec<&'x str>), EngineError> {
+    ) -> Result<Vec<&'x str>, EngineError> {
         let policy = self.policy;
         let lookup = |key: &str| match pod {
             None => Ok(None),
@@ -823,7 +809,10 @@ impl<'x> Planner<'_, 'x> {
         if !new_map.is_empty() {
             ops.push(Op::Add(Path::Fixed(base), OpValue::StrMap(new_map)));
         }
-        Ok((added, owned))
+        if !added.is_empty() {
+            self.injected.part(part, added.iter().copied());
+        }
+        Ok(owned)
     }
 
     /// This policy's entry in the status annotation, rewritten when it changed.
@@ -957,6 +946,21 @@ impl<'r, 'x> PerContainer<'r, 'x> {
         }
         Ok(())
     }
+}
+
+/// The pod's items (index, name) that this policy recorded by name.
+fn recorded_items<'s, T>(
+    pod: Option<&'s [T]>,
+    name: impl Fn(&'s T) -> &'s Cow<'s, str>,
+    recorded: &[String],
+) -> Vec<(usize, &'s str)> {
+    let recorded = NameSet::new(recorded.iter().map(String::as_str));
+    pod.unwrap_or(&[])
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (i, name(item).as_ref()))
+        .filter(|(_, n)| recorded.contains(n))
+        .collect()
 }
 
 /// Per container, the keys of the author's items that were kept over the policy's.
