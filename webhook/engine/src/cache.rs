@@ -7,8 +7,10 @@
 //! for every request, exactly as without the cache.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::facts::PodFacts;
 use super::template::OwnedRendered;
 use super::{Injection, NamespaceContext};
 
@@ -105,37 +107,42 @@ impl RenderCache {
     }
 }
 
-/// Bytes of patches kept per policy (their JSON and keys); past this the cache starts over: about
-/// 100 pod shapes of a sidecar injection (a namespace's worth of Deployments), half a megabyte per
-/// policy at most. Each entry also keeps its
-/// rendering alive (a few KB, shared by every shape of a namespace) until the entry goes.
+/// Bytes of patches kept per policy (their JSON, warnings and pod facts); past this the cache
+/// starts over: about 100 pod shapes of a sidecar injection (a namespace's worth of Deployments),
+/// half a megabyte per policy at most. Each entry also keeps its rendering alive (a few KB, shared
+/// by every shape of a namespace) until the entry goes.
 const MAX_PLAN_BYTES: usize = 512 << 10;
 
-/// Patches kept across requests: the engine's answer for one rendering and one pod shape (see
-/// [`super::shape`]), so that the replicas of a template after the first are answered with a copy.
-/// Like renderings, failed plans are not kept, and the cache lives in the compiled policy.
+/// Patches kept across requests: the engine's answer for one rendering and one pod's
+/// [`PodFacts`], so that the replicas of a template after the first are answered with a copy. The
+/// planner reads nothing else of such a pod, so a kept patch is the one it would plan. Like
+/// renderings, failed plans are not kept, and the cache lives in the compiled policy.
 #[derive(Default)]
 pub(crate) struct PlanCache {
+    /// Seeded per cache: which pods collide cannot be chosen from outside.
+    hasher: foldhash::fast::RandomState,
     map: RwLock<Plans>,
 }
 
 #[derive(Default)]
 struct Plans {
-    by_key: HashMap<Vec<u8>, Plan>,
+    /// By the hash of (rendering, facts); entries of one hash are told apart by comparing both.
+    by_hash: HashMap<u64, Vec<Plan>>,
     bytes: usize,
 }
 
 impl Plans {
     fn clear(&mut self) {
-        self.by_key.clear();
+        self.by_hash.clear();
         self.bytes = 0;
     }
 }
 
 struct Plan {
-    /// The rendering the patch was made from: held, so that its address, which starts the key,
-    /// cannot be reused by another rendering while the entry lives.
-    _rendering: Arc<OwnedRendered>,
+    /// The rendering the patch was made from: held, so that its address cannot be reused by
+    /// another rendering while the entry lives.
+    rendering: Arc<OwnedRendered>,
+    facts: PodFacts<'static>,
     injection: Injection,
 }
 
@@ -143,28 +150,36 @@ impl std::fmt::Debug for PlanCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let map = read(&self.map);
         f.debug_struct("PlanCache")
-            .field("plans", &map.by_key.len())
+            .field("plans", &map.by_hash.values().map(Vec::len).sum::<usize>())
             .field("bytes", &map.bytes)
             .finish()
     }
 }
 
 impl PlanCache {
-    /// The key of a pod shape for `rendering`: its address, then [`super::shape::key`] appends.
-    pub fn key_for(rendering: &Arc<OwnedRendered>) -> Vec<u8> {
-        let mut key = Vec::with_capacity(128);
-        key.extend_from_slice(&Arc::as_ptr(rendering).addr().to_le_bytes());
-        key
+    fn hash(&self, rendering: &Arc<OwnedRendered>, facts: &PodFacts<'_>) -> u64 {
+        self.hasher.hash_one((Arc::as_ptr(rendering).addr(), facts))
     }
 
-    /// A copy of the injection kept for `key`.
-    pub fn get(&self, key: &[u8]) -> Option<Injection> {
+    /// A copy of the injection kept for `facts` planned with `rendering`.
+    pub fn get(&self, rendering: &Arc<OwnedRendered>, facts: &PodFacts<'_>) -> Option<Injection> {
+        let hash = self.hash(rendering, facts);
         let map = read(&self.map);
-        map.by_key.get(key).map(|p| p.injection.clone())
+        map.by_hash
+            .get(&hash)?
+            .iter()
+            .find(|p| Arc::ptr_eq(&p.rendering, rendering) && p.facts == *facts)
+            .map(|p| p.injection.clone())
     }
 
-    pub fn insert(&self, key: Vec<u8>, rendering: &Arc<OwnedRendered>, injection: &Injection) {
-        let size = key.len()
+    pub fn insert(
+        &self,
+        rendering: &Arc<OwnedRendered>,
+        facts: PodFacts<'_>,
+        injection: &Injection,
+    ) {
+        let hash = self.hash(rendering, &facts);
+        let size = facts.bytes()
             + injection.patch.len()
             + injection.warnings.iter().map(String::len).sum::<usize>();
         let mut map = write(&self.map);
@@ -174,19 +189,25 @@ impl PlanCache {
                 return;
             }
         }
-        let plan = Plan {
-            _rendering: Arc::clone(rendering),
-            injection: injection.clone(),
-        };
-        if map.by_key.insert(key, plan).is_none() {
-            map.bytes += size;
+        let plans = map.by_hash.entry(hash).or_default();
+        if plans
+            .iter()
+            .any(|p| Arc::ptr_eq(&p.rendering, rendering) && p.facts == facts)
+        {
+            return;
         }
+        plans.push(Plan {
+            rendering: Arc::clone(rendering),
+            facts: facts.into_owned(),
+            injection: injection.clone(),
+        });
+        map.bytes += size;
     }
 
     /// Patches held, for tests.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.map.read().map(|m| m.by_key.len()).unwrap_or(0)
+        read(&self.map).by_hash.values().map(Vec::len).sum()
     }
 }
 
@@ -194,6 +215,8 @@ impl PlanCache {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use splice_crds::Operation;
+
     use crate::template::Rendered;
 
     fn empty() -> Result<OwnedRendered, serde_json::Error> {
@@ -248,19 +271,31 @@ mod tests {
         }
     }
 
+    /// The facts of a pod whose one container holds the env vars `env`.
+    fn facts(env: &[&'static str]) -> PodFacts<'static> {
+        let text = serde_json::json!({
+            "spec": {"containers": [{
+                "name": "app",
+                "env": env.iter().map(|n| serde_json::json!({"name": n})).collect::<Vec<_>>(),
+            }]}
+        })
+        .to_string();
+        let view: crate::view::PodView<'_> = crate::view::from_str(&text).unwrap();
+        PodFacts::read(Operation::Create, &view, [].into_iter(), [].into_iter()).into_owned()
+    }
+
     #[test]
-    fn a_kept_patch_is_found_by_its_rendering_and_shape_only() {
+    fn a_kept_patch_is_found_by_its_rendering_and_facts_only() {
         let cache = PlanCache::default();
         let (r1, r2) = (Arc::new(Rendered::default()), Arc::new(Rendered::default()));
-        let key = |r: &Arc<OwnedRendered>, shape: &[u8]| {
-            let mut k = PlanCache::key_for(r);
-            k.extend_from_slice(shape);
-            k
-        };
-        cache.insert(key(&r1, b"C1"), &r1, &injection(10));
-        assert_eq!(cache.get(&key(&r1, b"C1")).map(|i| i.patch.len()), Some(10));
-        assert!(cache.get(&key(&r1, b"C2")).is_none());
-        assert!(cache.get(&key(&r2, b"C1")).is_none());
+        cache.insert(&r1, facts(&["A"]), &injection(10));
+        assert_eq!(
+            cache.get(&r1, &facts(&["A"])).map(|i| i.patch.len()),
+            Some(10)
+        );
+        assert!(cache.get(&r1, &facts(&["B"])).is_none());
+        assert!(cache.get(&r1, &facts(&["A", "B"])).is_none());
+        assert!(cache.get(&r2, &facts(&["A"])).is_none());
     }
 
     #[test]
@@ -268,18 +303,30 @@ mod tests {
         let cache = PlanCache::default();
         let r = Arc::new(Rendered::default());
         let big = MAX_PLAN_BYTES / 8;
-        for i in 0..20u8 {
-            let mut k = PlanCache::key_for(&r);
-            k.push(i);
-            cache.insert(k, &r, &injection(big));
+        let names: Vec<&'static str> = (0..20)
+            .map(|i| &*Box::leak(format!("V{i}").into_boxed_str()))
+            .collect();
+        for name in &names {
+            cache.insert(&r, facts(&[name]), &injection(big));
             let held = cache.map.read().unwrap().bytes;
             assert!(held <= MAX_PLAN_BYTES, "{held} bytes held");
         }
         assert!(cache.len() < 20);
-        let mut k = PlanCache::key_for(&r);
-        k.push(255);
-        cache.insert(k.clone(), &r, &injection(MAX_PLAN_BYTES));
-        assert!(cache.get(&k).is_none());
+        cache.insert(&r, facts(&["BIG"]), &injection(MAX_PLAN_BYTES));
+        assert!(cache.get(&r, &facts(&["BIG"])).is_none());
+    }
+
+    #[test]
+    fn the_facts_of_a_kept_patch_count_towards_the_byte_bound() {
+        let cache = PlanCache::default();
+        let r = Arc::new(Rendered::default());
+        let many: Vec<&'static str> = (0..2000)
+            .map(|i| &*Box::leak(format!("A_LONG_ENV_VAR_NAME_{i}").into_boxed_str()))
+            .collect();
+        let f = facts(&many);
+        let at_least = many.iter().map(|n| n.len()).sum::<usize>();
+        cache.insert(&r, f, &injection(1));
+        assert!(cache.map.read().unwrap().bytes > at_least);
     }
 
     #[test]

@@ -14,12 +14,12 @@ use splice_crds::{
 
 mod cache;
 pub mod explain;
+mod facts;
 mod patch;
 mod plan;
 pub mod podsecurity;
 mod provenance;
 mod selector;
-mod shape;
 mod template;
 mod validate;
 mod view;
@@ -605,28 +605,28 @@ fn run(
             &fresh
         }
     };
-    // Pods of one template (a Deployment's replicas) get one patch: with a cached rendering, the
-    // patch made for the first pod of a shape answers the next ones. The full path builds the
-    // mutated object from the operations, so it always plans.
-    let shape_key = match &cached {
-        Some(rendering) if !want_object => {
-            let mut key = cache::PlanCache::key_for(rendering);
-            shape::key(request.operation, view, &status, rendering, &mut key).then_some(key)
-        }
+    let facts = plan::facts(request.operation, view, &status, rendered);
+    // Pods of one template (a Deployment's replicas) have equal facts and get one patch: with a
+    // cached rendering, the patch planned for the first answers the next ones. A pod carrying
+    // the status annotation is planned from more than its facts, and the full path builds the
+    // mutated object from the operations: both always plan.
+    let kept = match &cached {
+        Some(rendering) if !want_object && !status.annotated => Some(rendering),
         _ => None,
     };
-    if let Some(key) = &shape_key
-        && let Some(injection) = policy.plan_cache.get(key)
+    if let Some(rendering) = kept
+        && let Some(injection) = policy.plan_cache.get(rendering, &facts)
     {
         return Ok((Decision::Inject(injection), None));
     }
     let plan = plan::plan(plan::PlanInput {
         policy: &policy.name,
         hash: &policy.hash,
-        operation: request.operation,
-        object: request.object.text,
-        view,
-        status: &status,
+        facts: &facts,
+        earlier: status.annotated.then_some(plan::Earlier {
+            status: &status,
+            object: request.object.text,
+        }),
         rendered,
     })?;
     let patch =
@@ -645,8 +645,8 @@ fn run(
         patch: Bytes::from(patch),
         warnings: plan.warnings,
     };
-    if let (Some(key), Some(rendering)) = (shape_key, &cached) {
-        policy.plan_cache.insert(key, rendering, &injection);
+    if let Some(rendering) = kept {
+        policy.plan_cache.insert(rendering, facts, &injection);
     }
     Ok((Decision::Inject(injection), object))
 }
@@ -875,10 +875,17 @@ mod tests {
         let a = patch(&policy, &first);
         assert_eq!(policy.plan_cache.len(), 1);
 
-        // Another replica: its own name, image, and an env var the policy does not set.
-        let mut replica = with_env(&first, "REPLICA_ONLY");
+        // Another replica: its own name, image, env values and a per-pod label (as a
+        // StatefulSet's), the same names everywhere.
+        let mut replica = first.clone();
         replica["metadata"]["name"] = "web-8k-2".into();
+        replica["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"] = "web-8k-2".into();
         replica["spec"]["containers"][0]["image"] = "registry.example/web:2".into();
+        for c in replica["spec"]["containers"].as_array_mut().unwrap() {
+            for e in c["env"].as_array_mut().unwrap() {
+                e["value"] = "another replica's value".into();
+            }
+        }
         let b = patch(&policy, &replica);
         assert_eq!(policy.plan_cache.len(), 1);
         assert_eq!((&a.patch, &a.warnings), (&b.patch, &b.warnings));
@@ -894,6 +901,19 @@ mod tests {
             "{:?}",
             c.warnings
         );
+    }
+
+    #[test]
+    fn a_label_the_policy_sets_is_part_of_what_a_kept_patch_is_kept_for() {
+        let policy = sidecar();
+        let first: serde_json::Value = serde_json::from_str(POD).unwrap();
+        let label = policy.templates.labels[0].key.clone();
+        let a = patch(&policy, &first);
+        let mut own = first.clone();
+        own["metadata"]["labels"][&label] = "the-authors".into();
+        let b = patch(&policy, &own);
+        assert_eq!(policy.plan_cache.len(), 2);
+        assert_ne!(a.patch, b.patch);
     }
 
     #[test]

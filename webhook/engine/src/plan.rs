@@ -1,24 +1,28 @@
-//! From (what the pod carries, what this policy would inject now) to JSON Patch operations.
+//! The planner: from what a pod carries and what a policy would inject now, the JSON Patch
+//! operations and the warnings of one admission.
 //!
-//! Each list (init containers, containers, volumes, and env / volumeMounts of each application
-//! container) is compared with what the policy would inject: when it already holds exactly that
-//! (same template hash, same items in the same order, every rendered field present with the same
-//! value) it is left alone; otherwise this policy's earlier items are removed and the current ones
-//! added. Items the policy did not record are the author's (or another webhook's): they are never
-//! touched, and an injected item of the same name is skipped with a warning.
+//! It reads the pod through its [`PodFacts`] (and, for a pod that carries `splice.dev/status`,
+//! that record and the raw items it compares), one function per list it plans. Each list (init
+//! containers, containers, volumes, and env / volumeMounts of each application container) is
+//! compared with what the policy would inject: when it already holds exactly that (same template
+//! hash, same items in the same order, every rendered field present with the same value) it is
+//! left alone; otherwise this policy's earlier items are removed and the current ones added.
+//! Items the policy did not record are the author's (or another webhook's): they are never
+//! touched, and an injected item of the same name is skipped with a warning. Labels and
+//! annotations are compared key by key, and the policy's entry in the status annotation records
+//! what it injected.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use serde_json::Value;
 use splice_crds::{Operation, STATUS_ANNOTATION};
 
+use super::facts::{Lookups, NotRead, PodFacts, SpecFacts};
 use super::patch::{Op, OpValue, Path, Text};
 use super::provenance::{EntryRef, Names, ProvenanceEntry, push_name};
 use super::template::{RItem, Rendered};
-use super::view::{
-    self, ContainerView, Entries, Mount, Named, PodView, Raw, RawContainerView, RawPodView, Str,
-};
+use super::view::{self, PodView, Raw, RawContainerView, RawPodView, RawSpecView, Str};
 use super::{EngineError, validate};
 
 /// The `splice.dev/status` annotation as found on the pod.
@@ -85,14 +89,54 @@ impl Status {
     }
 }
 
-pub(crate) struct PlanInput<'a, 'x> {
-    pub policy: &'a str,
-    pub hash: &'a str,
-    pub operation: Operation,
-    pub object: &'a str,
-    pub view: &'a PodView<'a>,
-    pub status: &'a Status,
+/// What the planner reads besides the pod's facts when the pod carries `splice.dev/status` (a pod
+/// already admitted once: a reinvocation, or an UPDATE): the record, and the pod's text, read
+/// again for its raw items when this policy's earlier injection must be compared with what it
+/// would inject now. Such pods are planned afresh every time: the plan cache keeps only patches
+/// planned from the facts and the rendering alone.
+#[derive(Clone, Copy)]
+pub(crate) struct Earlier<'x> {
+    pub status: &'x Status,
+    pub object: &'x str,
+}
+
+pub(crate) struct PlanInput<'x> {
+    pub policy: &'x str,
+    pub hash: &'x str,
+    pub facts: &'x PodFacts<'x>,
+    /// `None` for a pod without the status annotation.
+    pub earlier: Option<Earlier<'x>>,
     pub rendered: &'x Rendered<'x>,
+}
+
+/// The facts of `view` the planner reads for `rendered`: of the pod's labels and annotations,
+/// those the policy sets and those it recorded (which it removes when it no longer sets them).
+pub(crate) fn facts<'v>(
+    operation: Operation,
+    view: &'v PodView<'_>,
+    status: &'v Status,
+    rendered: &'v Rendered<'_>,
+) -> PodFacts<'v> {
+    let recorded = |list: fn(&ProvenanceEntry) -> &Vec<String>| {
+        status
+            .mine
+            .iter()
+            .flat_map(move |m| list(m).iter().map(String::as_str))
+    };
+    PodFacts::read(
+        operation,
+        view,
+        rendered
+            .labels
+            .iter()
+            .map(|(k, _)| k.as_ref())
+            .chain(recorded(|m| &m.labels)),
+        rendered
+            .annotations
+            .iter()
+            .map(|(k, _)| k.as_ref())
+            .chain(recorded(|m| &m.annotations)),
+    )
 }
 
 #[derive(Debug)]
@@ -144,19 +188,19 @@ impl<'s> NameSet<'s> {
 }
 
 #[inline(always)]
-pub(crate) fn fingerprint(name: &str) -> u64 {
+fn fingerprint(name: &str) -> u64 {
     let b = name.as_bytes();
     let first = usize::from(b.first().copied().unwrap_or(0));
     let last = usize::from(b.last().copied().unwrap_or(0));
     1 << ((b.len() + first * 7 + last * 13) % 64)
 }
 
-/// True when every field of `desired` is in `actual` with the same value, so fields the API server
-/// defaults after a patch do not count as a change. True when everything the policy would inject is still there. Additions by other mutators are
-/// not drift: the API server's ServiceAccount plugin mounts its token into every container,
-/// injected ones included, and other webhooks add env vars; re-injecting on those would strip
-/// their work on every reinvocation. So arrays match when the desired elements appear in
-/// `actual` in order, with anything else in between.
+/// True when everything the policy would inject is still in `actual`: every field of `desired`
+/// with the same value, so fields the API server defaults after a patch do not count as a change.
+/// Additions by other mutators are not drift either: the API server's ServiceAccount plugin
+/// mounts its token into every container, injected ones included, and other webhooks add env
+/// vars; re-injecting on those would strip their work on every reinvocation. So arrays match
+/// when the desired elements appear in `actual` in order, with anything else in between.
 fn subset(desired: &Value, actual: &Value) -> bool {
     match (desired, actual) {
         (Value::Object(d), Value::Object(a)) => d
@@ -286,392 +330,82 @@ impl List {
     }
 }
 
-pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError> {
+/// Plans the patch of `input`: each list of the pod in turn, then its labels, its annotations and
+/// this policy's entry in the status annotation. Operations on metadata come first, then those on
+/// the spec, each in the order planned.
+pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
     let PlanInput {
         policy,
         hash,
-        operation,
-        object,
-        view,
-        status,
+        facts,
+        earlier,
         rendered,
     } = input;
-    let mut warnings = Vec::new();
-    if status.unreadable {
-        warnings.push(format!(
+    let status = earlier.map(|e| e.status);
+    let mine = status.and_then(|s| s.mine.as_ref());
+    let empty = ProvenanceEntry::default();
+    let mut p = Planner {
+        policy,
+        rendered,
+        rec: mine.unwrap_or(&empty),
+        hash_same: mine.is_some_and(|m| m.hash == hash),
+        warnings: Vec::new(),
+        injected: Summary(String::with_capacity(256)),
+        entry: EntryRef {
+            hash,
+            ..EntryRef::default()
+        },
+    };
+    if status.is_some_and(|s| s.unreadable) {
+        p.warnings.push(format!(
             "splice policy {policy}: replaced an unreadable {STATUS_ANNOTATION} annotation"
         ));
     }
-    let mine = status.mine.as_ref();
-    let hash_same = mine.is_some_and(|m| m.hash == hash);
-    let empty = ProvenanceEntry::default();
-    let rec = mine.unwrap_or(&empty);
 
-    let mut new_entry = EntryRef {
-        hash,
-        ..EntryRef::default()
-    };
     // Sized for a typical sidecar policy, so that neither grows while the plan is built.
     let mut spec_ops: Vec<Op<'x>> = Vec::with_capacity(16);
-    let mut injected = Summary(String::with_capacity(256));
-    let mut any_list_changed = false;
-
-    if operation == Operation::Create {
-        let spec = view.spec.as_ref();
-        let pod_init: &[Named<'_>] = spec
-            .and_then(|s| s.init_containers.as_deref())
-            .unwrap_or(&[]);
-        let pod_containers: &[ContainerView<'_>] =
-            spec.and_then(|s| s.containers.as_deref()).unwrap_or(&[]);
-        let pod_volumes: &[Named<'_>] = spec.and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
-
-        // The second, raw pass is only needed to confirm an earlier injection is intact.
-        let raw_pod: Option<RawPodView<'_>> = if hash_same {
-            Some(view::from_str(object).map_err(invalid)?)
-        } else {
-            None
+    if facts.operation == Operation::Create {
+        let spec = facts.spec.as_ref();
+        // The raw items are read only to confirm that an earlier injection is intact.
+        let raw_pod: Option<RawPodView<'x>> = match earlier {
+            Some(e) if p.hash_same => Some(view::from_str(e.object).map_err(invalid)?),
+            _ => None,
         };
-        let raw_spec = raw_pod.as_ref().and_then(|r| r.spec.as_ref());
-
-        // Containers and init containers share one name space in a pod.
-        let rec_init = NameSet::new(rec.init_containers.iter().map(String::as_str));
-        let rec_cont = NameSet::new(rec.containers.iter().map(String::as_str));
-        let occupied = NameSet::new(
-            pod_init
-                .iter()
-                .map(Named::name)
-                .filter(|n| !rec_init.contains(n))
-                .chain(
-                    pod_containers
-                        .iter()
-                        .map(ContainerView::name)
-                        .filter(|n| !rec_cont.contains(n)),
-                ),
-        );
-        let keep = |items: &'x [RItem<'x>], what: &str, warnings: &mut Vec<String>| {
-            items
-                .iter()
-                .filter(|i| {
-                    let taken = occupied.contains(i.key.as_ref());
-                    if taken {
-                        warnings.push(format!(
-                            "splice policy {policy}: kept the pod's own container {:?}; the injected {what} of that name was skipped",
-                            i.key
-                        ));
-                    }
-                    !taken
-                })
-                .collect::<Vec<_>>()
-        };
-
-        // Init containers (native sidecars first, in template order, before the pod's own).
-        let ours: Vec<(usize, &str)> = pod_init
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| rec_init.contains(c.name()))
-            .map(|(i, c)| (i, c.name()))
-            .collect();
-        let desired = keep(&rendered.init_containers, "init container", &mut warnings);
-        let init = ListPlan::new(ours, desired, hash_same, |i| {
-            Ok(raw_at(raw_spec.and_then(|s| s.init_containers.as_ref()), i))
-        })?;
-        if init.changed {
-            for &i in init.remove.iter().rev() {
-                spec_ops.push(Op::Remove(Path::Index("/spec/initContainers", i)));
-            }
-            let absent = spec.and_then(|s| s.init_containers.as_ref()).is_none();
-            if absent && !init.add.is_empty() {
-                spec_ops.push(Op::Add(
-                    Path::Fixed("/spec/initContainers"),
-                    OpValue::Items(init.add.clone()),
-                ));
-            } else if !absent {
-                for (k, item) in init.add.iter().enumerate() {
-                    spec_ops.push(Op::Add(
-                        Path::Index("/spec/initContainers", k),
-                        OpValue::Item(item),
-                    ));
-                }
-            }
-            if !init.add.is_empty() {
-                injected.part("init containers ", init.add.iter().map(|i| i.key.as_ref()));
-            }
-        }
-        new_entry.init_containers = Names::Items(init.add);
-
-        // Env and volume mounts, per application container (not injected ones, by any policy).
-        let others = status.others_containers(policy);
-        let mut env_kept: Kept<'_> = Vec::new();
-        let mut mount_kept: Kept<'_> = Vec::new();
-        let mut env_into: Vec<&str> = Vec::new();
-        let mut mounts_into: Vec<&str> = Vec::new();
-        if !rendered.env.is_empty()
-            || !rendered.volume_mounts.is_empty()
-            || !rec.env.is_empty()
-            || !rec.volume_mounts.is_empty()
-        {
-            let raw_containers = raw_spec.and_then(|s| s.containers.as_ref());
-            // The same for every container: built once.
-            let env_keys = NameSet::new(rendered.env.iter().map(|e| e.key.as_ref()));
-            let mount_keys = NameSet::new(rendered.volume_mounts.iter().map(|m| m.key.as_ref()));
-            for (ci, c) in pod_containers.iter().enumerate() {
-                let cname = c.name();
-                if rec_cont.contains(cname) || others.contains(cname) {
-                    continue;
-                }
-                let mut raw_c: Option<RawContainerView<'_>> = None;
-
-                // Env.
-                let rec_env =
-                    NameSet::new(rec.env.get(cname).into_iter().flatten().map(String::as_str));
-                let env_plan = container_list(
-                    &mut spec_ops,
-                    List::Container(ci, "/env", "/env/-"),
-                    c.env.as_deref().map(|l| l.iter().map(Named::name)),
-                    (&rec_env, &env_keys, &rendered.env),
-                    (&mut env_kept, cname),
-                    hash_same,
-                    || Ok(raw_container(&mut raw_c, raw_containers, ci)?.env.clone()),
-                )?;
-                if env_plan.changed && !env_plan.add.is_empty() {
-                    env_into.push(cname);
-                }
-                if !env_plan.add.is_empty() {
-                    new_entry.env.push((cname, Names::Items(env_plan.add)));
-                }
-
-                // Volume mounts, identified by mount path.
-                let rec_m = NameSet::new(
-                    rec.volume_mounts
-                        .get(cname)
-                        .into_iter()
-                        .flatten()
-                        .map(String::as_str),
-                );
-                let mount_plan = container_list(
-                    &mut spec_ops,
-                    List::Container(ci, "/volumeMounts", "/volumeMounts/-"),
-                    c.volume_mounts
-                        .as_deref()
-                        .map(|l| l.iter().map(Mount::path)),
-                    (&rec_m, &mount_keys, &rendered.volume_mounts),
-                    (&mut mount_kept, cname),
-                    hash_same,
-                    || {
-                        Ok(raw_container(&mut raw_c, raw_containers, ci)?
-                            .volume_mounts
-                            .clone())
-                    },
-                )?;
-                if mount_plan.changed && !mount_plan.add.is_empty() {
-                    mounts_into.push(cname);
-                }
-                if !mount_plan.add.is_empty() {
-                    new_entry
-                        .volume_mounts
-                        .push((cname, Names::Items(mount_plan.add)));
-                }
-            }
-        }
-        EntryRef::sort_map(&mut new_entry.env);
-        EntryRef::sort_map(&mut new_entry.volume_mounts);
-        env_kept.sort_by(|a, b| a.0.cmp(b.0));
-        mount_kept.sort_by(|a, b| a.0.cmp(b.0));
-        for (c, vars) in &env_kept {
-            warnings.push(format!(
-                "splice policy {policy}: kept the pod's own env {} in container {c:?}; the injected value was skipped",
-                names(vars.iter().copied())
-            ));
-        }
-        for (c, paths) in &mount_kept {
-            warnings.push(format!(
-                "splice policy {policy}: kept the pod's own volume mount at {} in container {c:?}; the injected mount was skipped",
-                names(paths.iter().copied())
-            ));
-        }
-        if !env_into.is_empty() {
-            injected.part("env ", rendered.env.iter().map(|i| i.key.as_ref()));
-            injected.0.push_str(" into ");
-            push_names(&mut injected.0, env_into.iter().copied());
-        }
-        if !mounts_into.is_empty() {
-            injected.part(
-                "volume mounts ",
-                rendered.volume_mounts.iter().map(|i| i.key.as_ref()),
-            );
-            injected.0.push_str(" into ");
-            push_names(&mut injected.0, mounts_into.iter().copied());
-        }
-
-        // Containers, appended after the pod's own.
-        let ours: Vec<(usize, &str)> = pod_containers
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| rec_cont.contains(c.name()))
-            .map(|(i, c)| (i, c.name()))
-            .collect();
-        let desired = keep(&rendered.containers, "container", &mut warnings);
-        let cont = ListPlan::new(ours, desired, hash_same, |i| {
-            Ok(raw_at(raw_spec.and_then(|s| s.containers.as_ref()), i))
-        })?;
-        if cont.changed {
-            emit_list(
-                &mut spec_ops,
-                List::Spec("/spec/containers", "/spec/containers/-"),
-                spec.and_then(|s| s.containers.as_ref()).is_none(),
-                &cont,
-            );
-            if !cont.add.is_empty() {
-                injected.part("containers ", cont.add.iter().map(|i| i.key.as_ref()));
-            }
-        }
-        new_entry.containers = Names::Items(cont.add);
-
-        // Volumes.
-        let rec_vol = NameSet::new(rec.volumes.iter().map(String::as_str));
-        let mut ours = Vec::new();
-        let mut pod_own_vol = Vec::with_capacity(pod_volumes.len());
-        for (i, v) in pod_volumes.iter().enumerate() {
-            if rec_vol.contains(v.name()) {
-                ours.push((i, v.name()));
-            } else {
-                pod_own_vol.push(v.name());
-            }
-        }
-        let occupied_vol = NameSet::new(pod_own_vol);
-        let desired: Vec<&RItem<'x>> = rendered
-            .volumes
-            .iter()
-            .filter(|v| {
-                let t = occupied_vol.contains(v.key.as_ref());
-                if t {
-                    warnings.push(format!(
-                        "splice policy {policy}: kept the pod's own volume {:?}; the injected volume of that name was skipped",
-                        v.key
-                    ));
-                }
-                !t
-            })
-            .collect();
-        let vols = ListPlan::new(ours, desired, hash_same, |i| {
-            Ok(raw_at(raw_spec.and_then(|s| s.volumes.as_ref()), i))
-        })?;
-        if vols.changed {
-            emit_list(
-                &mut spec_ops,
-                List::Spec("/spec/volumes", "/spec/volumes/-"),
-                spec.and_then(|s| s.volumes.as_ref()).is_none(),
-                &vols,
-            );
-            if !vols.add.is_empty() {
-                injected.part("volumes ", vols.add.iter().map(|i| i.key.as_ref()));
-            }
-        }
-        new_entry.volumes = Names::Items(vols.add);
-        any_list_changed = !spec_ops.is_empty();
+        let raw = raw_pod.as_ref().and_then(|r| r.spec.as_ref());
+        let occupied = p.occupied(spec);
+        p.init_containers(spec, raw, &occupied, &mut spec_ops)?;
+        let others = status
+            .map(|s| s.others_containers(policy))
+            .unwrap_or_default();
+        p.env_and_mounts(spec, raw, &others, &mut spec_ops)?;
+        p.containers(spec, raw, &occupied, &mut spec_ops)?;
+        p.volumes(spec, raw, &mut spec_ops)?;
         if !spec_ops.is_empty() && spec.is_none() {
             spec_ops.insert(0, Op::Add(Path::Fixed("/spec"), OpValue::EmptyObject));
         }
     } else if let Some(m) = mine {
         // UPDATE: a pod's containers and volumes are immutable; keep the record of them.
-        new_entry = EntryRef::of(m);
+        p.entry = EntryRef::of(m);
     }
+    let any_list_changed = !spec_ops.is_empty();
 
-    // Labels and annotations, compared key by key.
-    let meta = view.metadata.as_ref();
+    let meta = facts.metadata.as_ref();
+    let annotations = meta.and_then(|m| m.annotations.as_ref());
     let mut meta_ops: Vec<Op<'x>> = Vec::with_capacity(8);
-    let pod_labels = meta.and_then(|m| m.labels.as_ref());
-    let (labels_added, owned) = plan_map(
-        policy,
-        "label",
-        "/metadata/labels",
-        pod_labels,
-        |v: &Str<'_>| Ok(Cow::Owned(v.to_string())),
-        &rec.labels,
-        &rendered.labels,
-        &mut meta_ops,
-        &mut warnings,
-    )?;
-    new_entry.labels = Names::Strs(owned);
-    let pod_annotations = meta.and_then(|m| m.annotations.as_ref());
-    let (annotations_added, owned) = plan_map(
-        policy,
-        "annotation",
-        "/metadata/annotations",
-        pod_annotations,
-        |v: &Raw<'_>| {
-            view::from_str::<Str<'_>>(v.get())
-                .map(|s| Cow::Owned(s.to_string()))
-                .map_err(|e| invalid(format!("metadata.annotations: {e}")))
-        },
-        &rec.annotations,
-        &rendered.annotations,
-        &mut meta_ops,
-        &mut warnings,
-    )?;
-    new_entry.annotations = Names::Strs(owned);
-    if !labels_added.is_empty() {
-        injected.part("labels ", labels_added.iter().copied());
-    }
-    if !annotations_added.is_empty() {
-        injected.part("annotations ", annotations_added.iter().copied());
-    }
-
-    // Provenance: rewrite the status annotation when this policy's entry changed.
-    let changed = match &status.mine {
-        None => true,
-        Some(m) => EntryRef::of(m).to_json() != new_entry.to_json(),
-    };
-    if changed {
-        let text = if status.entries.keys().all(|k| k == policy) {
-            // The common case, only this policy on the pod: written straight into the escaped
-            // form the patch carries, with no intermediate JSON tree or string.
-            let mut text = Vec::with_capacity(1024);
-            text.push(b'{');
-            push_name(&mut text, policy, true);
-            text.push(b':');
-            new_entry.write(&mut text, true);
-            text.push(b'}');
-            Text::Escaped(text)
-        } else {
-            let mut entries = status.entries.clone();
-            let value: Value = serde_json::from_slice(&new_entry.to_json()).map_err(invalid)?;
-            entries.insert(policy.to_owned(), value);
-            Text::Plain(Cow::Owned(
-                serde_json::to_string(&entries).map_err(invalid)?,
-            ))
-        };
-        let annotations_absent = pod_annotations.is_none();
-        // When the map itself was just created by an "add", fold the status into it.
-        let folded = meta_ops.iter_mut().find_map(|op| match op {
-            Op::Add(Path::Fixed("/metadata/annotations"), OpValue::StrMap(entries)) => {
-                Some(entries)
-            }
-            _ => None,
-        });
-        if let Some(entries) = folded {
-            entries.push((Cow::Borrowed(STATUS_ANNOTATION), text));
-        } else if annotations_absent {
-            meta_ops.push(Op::Add(
-                Path::Fixed("/metadata/annotations"),
-                OpValue::StrMap(vec![(Cow::Borrowed(STATUS_ANNOTATION), text)]),
-            ));
-        } else {
-            let path = Path::Key("/metadata/annotations", Cow::Borrowed(STATUS_ANNOTATION));
-            let present = pod_annotations.is_some_and(|a| a.get(STATUS_ANNOTATION).is_some());
-            meta_ops.push(if present {
-                Op::Replace(path, OpValue::Str(text))
-            } else {
-                Op::Add(path, OpValue::Str(text))
-            });
-        }
-    }
+    p.labels(meta.and_then(|m| m.labels.as_ref()), &mut meta_ops)?;
+    p.annotations(annotations, &mut meta_ops)?;
+    p.status_annotation(status, annotations.is_none(), &mut meta_ops)?;
     if !meta_ops.is_empty() && meta.is_none() {
         meta_ops.insert(0, Op::Add(Path::Fixed("/metadata"), OpValue::EmptyObject));
     }
 
     let mut ops = meta_ops;
     ops.extend(spec_ops);
+    let Planner {
+        mut warnings,
+        injected,
+        ..
+    } = p;
     if !injected.0.is_empty() {
         let verb = match mine {
             Some(m) if any_list_changed && m.hash != hash => "re-injected (policy changed)",
@@ -690,6 +424,543 @@ pub(crate) fn plan<'x>(input: PlanInput<'x, 'x>) -> Result<Plan<'x>, EngineError
         warnings.insert(0, summary);
     }
     Ok(Plan { ops, warnings })
+}
+
+/// One plan while its lists are planned in turn.
+struct Planner<'r, 'x> {
+    policy: &'x str,
+    rendered: &'x Rendered<'x>,
+    /// What this policy recorded on the pod (empty when nothing).
+    rec: &'r ProvenanceEntry,
+    /// The record was made with the current templates: the recorded items may still be current.
+    hash_same: bool,
+    warnings: Vec<String>,
+    injected: Summary,
+    /// This policy's entry for the status annotation, filled in list by list.
+    entry: EntryRef<'x>,
+}
+
+impl<'x> Planner<'_, 'x> {
+    /// The names of the pod's own containers and init containers (one name space in a pod): an
+    /// injected container of such a name is skipped.
+    fn occupied(&self, spec: Option<&'x SpecFacts<'x>>) -> NameSet<'x> {
+        let rec_init = NameSet::new(self.rec.init_containers.iter().map(String::as_str));
+        let rec_cont = NameSet::new(self.rec.containers.iter().map(String::as_str));
+        let init = spec
+            .and_then(|s| s.init_containers.as_deref())
+            .unwrap_or(&[]);
+        let containers = spec.and_then(|s| s.containers.as_deref()).unwrap_or(&[]);
+        NameSet::new(
+            init.iter()
+                .map(|n| n.as_ref())
+                .filter(|n| !rec_init.contains(n))
+                .chain(
+                    containers
+                        .iter()
+                        .map(|c| c.name.as_ref())
+                        .filter(|n| !rec_cont.contains(n)),
+                ),
+        )
+    }
+
+    /// The rendered items whose name the pod's own item does not hold already; each one that it
+    /// holds is skipped with a warning.
+    fn keep(
+        &mut self,
+        items: &'x [RItem<'x>],
+        (own, what): (&str, &str),
+        occupied: &NameSet<'_>,
+    ) -> Vec<&'x RItem<'x>> {
+        let policy = self.policy;
+        items
+            .iter()
+            .filter(|i| {
+                let taken = occupied.contains(i.key.as_ref());
+                if taken {
+                    self.warnings.push(format!(
+                        "splice policy {policy}: kept the pod's own {own} {:?}; the injected {what} of that name was skipped",
+                        i.key
+                    ));
+                }
+                !taken
+            })
+            .collect()
+    }
+
+    /// Init containers: this policy's go first, in template order, before the pod's own.
+    fn init_containers(
+        &mut self,
+        spec: Option<&'x SpecFacts<'x>>,
+        raw: Option<&RawSpecView<'_>>,
+        occupied: &NameSet<'_>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let pod = spec.and_then(|s| s.init_containers.as_deref());
+        let ours = recorded_items(pod, |n| n, &self.rec.init_containers);
+        let rendered = self.rendered;
+        let desired = self.keep(
+            &rendered.init_containers,
+            ("container", "init container"),
+            occupied,
+        );
+        let plan = ListPlan::new(ours, desired, self.hash_same, |i| {
+            Ok(raw_at(raw.and_then(|s| s.init_containers.as_ref()), i))
+        })?;
+        if plan.changed {
+            for &i in plan.remove.iter().rev() {
+                ops.push(Op::Remove(Path::Index("/spec/initContainers", i)));
+            }
+            if pod.is_none() && !plan.add.is_empty() {
+                ops.push(Op::Add(
+                    Path::Fixed("/spec/initContainers"),
+                    OpValue::Items(plan.add.clone()),
+                ));
+            } else if pod.is_some() {
+                for (k, item) in plan.add.iter().enumerate() {
+                    ops.push(Op::Add(
+                        Path::Index("/spec/initContainers", k),
+                        OpValue::Item(item),
+                    ));
+                }
+            }
+            if !plan.add.is_empty() {
+                self.injected
+                    .part("init containers ", plan.add.iter().map(|i| i.key.as_ref()));
+            }
+        }
+        self.entry.init_containers = Names::Items(plan.add);
+        Ok(())
+    }
+
+    /// Env and volume mounts, in each application container (not in injected ones, by any
+    /// policy), container by container.
+    fn env_and_mounts(
+        &mut self,
+        spec: Option<&'x SpecFacts<'x>>,
+        raw: Option<&RawSpecView<'_>>,
+        others: &HashSet<&str>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let (rendered, rec, hash_same) = (self.rendered, self.rec, self.hash_same);
+        let mut env = PerContainer::new(("/env", "/env/-"), &rendered.env, &rec.env);
+        let mut mounts = PerContainer::new(
+            ("/volumeMounts", "/volumeMounts/-"),
+            &rendered.volume_mounts,
+            &rec.volume_mounts,
+        );
+        if !rendered.env.is_empty()
+            || !rendered.volume_mounts.is_empty()
+            || !rec.env.is_empty()
+            || !rec.volume_mounts.is_empty()
+        {
+            let raw_containers = raw.and_then(|s| s.containers.as_ref());
+            let injected = NameSet::new(rec.containers.iter().map(String::as_str));
+            let containers = spec.and_then(|s| s.containers.as_deref()).unwrap_or(&[]);
+            for (ci, c) in containers.iter().enumerate() {
+                let name: &'x str = &c.name;
+                if injected.contains(name) || others.contains(name) {
+                    continue;
+                }
+                let mut raw_c: Option<RawContainerView<'_>> = None;
+                env.plan(ops, (ci, name), c.env.as_deref(), hash_same, || {
+                    Ok(raw_container(&mut raw_c, raw_containers, ci)?.env.clone())
+                })?;
+                mounts.plan(
+                    ops,
+                    (ci, name),
+                    c.volume_mounts.as_deref(),
+                    hash_same,
+                    || {
+                        Ok(raw_container(&mut raw_c, raw_containers, ci)?
+                            .volume_mounts
+                            .clone())
+                    },
+                )?;
+            }
+        }
+        EntryRef::sort_map(&mut env.entry);
+        EntryRef::sort_map(&mut mounts.entry);
+        env.kept.sort_by(|a, b| a.0.cmp(b.0));
+        mounts.kept.sort_by(|a, b| a.0.cmp(b.0));
+        let policy = self.policy;
+        for (c, vars) in &env.kept {
+            self.warnings.push(format!(
+                "splice policy {policy}: kept the pod's own env {} in container {c:?}; the injected value was skipped",
+                names(vars.iter().copied())
+            ));
+        }
+        for (c, paths) in &mounts.kept {
+            self.warnings.push(format!(
+                "splice policy {policy}: kept the pod's own volume mount at {} in container {c:?}; the injected mount was skipped",
+                names(paths.iter().copied())
+            ));
+        }
+        for (what, list) in [("env ", &env), ("volume mounts ", &mounts)] {
+            if !list.into.is_empty() {
+                self.injected
+                    .part(what, list.rendered.iter().map(|i| i.key.as_ref()));
+                self.injected.0.push_str(" into ");
+                push_names(&mut self.injected.0, list.into.iter().copied());
+            }
+        }
+        self.entry.env = env.entry;
+        self.entry.volume_mounts = mounts.entry;
+        Ok(())
+    }
+
+    /// Containers: this policy's are appended after the pod's own.
+    fn containers(
+        &mut self,
+        spec: Option<&'x SpecFacts<'x>>,
+        raw: Option<&RawSpecView<'_>>,
+        occupied: &NameSet<'_>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let pod = spec.and_then(|s| s.containers.as_deref());
+        let ours = recorded_items(pod, |c| &c.name, &self.rec.containers);
+        let rendered = self.rendered;
+        let desired = self.keep(&rendered.containers, ("container", "container"), occupied);
+        let add = self.appended(
+            (
+                List::Spec("/spec/containers", "/spec/containers/-"),
+                "containers ",
+            ),
+            (ours, desired),
+            (pod.is_none(), raw.and_then(|s| s.containers.as_ref())),
+            ops,
+        )?;
+        self.entry.containers = Names::Items(add);
+        Ok(())
+    }
+
+    /// Volumes, appended after the pod's own.
+    fn volumes(
+        &mut self,
+        spec: Option<&'x SpecFacts<'x>>,
+        raw: Option<&RawSpecView<'_>>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let pod = spec.and_then(|s| s.volumes.as_deref());
+        let recorded = NameSet::new(self.rec.volumes.iter().map(String::as_str));
+        let mut ours = Vec::new();
+        let mut own = Vec::with_capacity(pod.map_or(0, <[_]>::len));
+        for (i, v) in pod.unwrap_or(&[]).iter().enumerate() {
+            if recorded.contains(v) {
+                ours.push((i, v.as_ref()));
+            } else {
+                own.push(v.as_ref());
+            }
+        }
+        let rendered = self.rendered;
+        let desired = self.keep(&rendered.volumes, ("volume", "volume"), &NameSet::new(own));
+        let add = self.appended(
+            (List::Spec("/spec/volumes", "/spec/volumes/-"), "volumes "),
+            (ours, desired),
+            (pod.is_none(), raw.and_then(|s| s.volumes.as_ref())),
+            ops,
+        )?;
+        self.entry.volumes = Names::Items(add);
+        Ok(())
+    }
+
+    /// Plans a list of the spec this policy appends to (`absent`: the pod has none), given the
+    /// pod's items it recorded and the ones it would inject now; returns the items it holds
+    /// afterwards.
+    fn appended(
+        &mut self,
+        (list, what): (List, &str),
+        (ours, desired): (Vec<(usize, &str)>, Vec<&'x RItem<'x>>),
+        (absent, raw): (bool, Option<&Vec<Raw<'_>>>),
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<Vec<&'x RItem<'x>>, EngineError> {
+        let plan = ListPlan::new(ours, desired, self.hash_same, |i| Ok(raw_at(raw, i)))?;
+        if plan.changed {
+            emit_list(ops, list, absent, &plan);
+            if !plan.add.is_empty() {
+                self.injected
+                    .part(what, plan.add.iter().map(|i| i.key.as_ref()));
+            }
+        }
+        Ok(plan.add)
+    }
+
+    /// Labels, compared key by key; a rendered value must be a valid label value.
+    fn labels(
+        &mut self,
+        pod: Option<&'x Lookups<'x>>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let (rendered, rec) = (self.rendered, self.rec);
+        for (key, value) in &rendered.labels {
+            validate::label_value(value).map_err(|e| EngineError::InvalidRender {
+                policy: self.policy.to_owned(),
+                field: {
+                    let mut f = "spec.template.labels".to_owned();
+                    super::template::push_key(&mut f, key);
+                    f
+                },
+                message: format!("rendered label value {value:?} {e}"),
+            })?;
+        }
+        let owned = self.map(
+            ("label", "labels ", "/metadata/labels"),
+            pod,
+            |v| Ok(Cow::Borrowed(v)),
+            &rec.labels,
+            &rendered.labels,
+            ops,
+        )?;
+        self.entry.labels = Names::Strs(owned);
+        Ok(())
+    }
+
+    /// Annotations, compared key by key; a pod's value it compares must be a JSON string.
+    fn annotations(
+        &mut self,
+        pod: Option<&'x Lookups<'x>>,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let (rendered, rec) = (self.rendered, self.rec);
+        let owned = self.map(
+            ("annotation", "annotations ", "/metadata/annotations"),
+            pod,
+            |v| {
+                view::from_str::<Str<'_>>(v)
+                    .map(|s| s.0)
+                    .map_err(|e| invalid(format!("metadata.annotations: {e}")))
+            },
+            &rec.annotations,
+            &rendered.annotations,
+            ops,
+        )?;
+        self.entry.annotations = Names::Strs(owned);
+        Ok(())
+    }
+
+    /// One string map (labels or annotations): notes the keys added in the summary, and returns
+    /// the keys this policy owns afterwards (in template order).
+    fn map(
+        &mut self,
+        (what, part, base): (&str, &str, &'static str),
+        pod: Option<&'x Lookups<'x>>,
+        decode: impl Fn(&'x str) -> Result<Cow<'x, str>, EngineError>,
+        recorded: &[String],
+        desired: &'x [(Cow<'x, str>, Cow<'x, str>)],
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<Vec<&'x str>, EngineError> {
+        let policy = self.policy;
+        let lookup = |key: &str| match pod {
+            None => Ok(None),
+            Some(p) => p.get(key).map_err(|NotRead| {
+                invalid(format!(
+                    "the planner compared the {what} {key:?}, which was not read from the pod"
+                ))
+            }),
+        };
+        let mut added = Vec::new();
+        let mut owned = Vec::new();
+        let mut new_map: Vec<(Cow<'x, str>, Text<'x>)> = Vec::new();
+        for (k, value) in desired {
+            let key: &'x str = k;
+            let ours = recorded.iter().any(|r| r == key);
+            match lookup(key)? {
+                None => {
+                    added.push(key);
+                    owned.push(key);
+                    if pod.is_none() {
+                        new_map.push((
+                            Cow::Borrowed(key),
+                            Text::Plain(Cow::Borrowed(value.as_ref())),
+                        ));
+                    } else {
+                        ops.push(Op::Add(
+                            Path::Key(base, Cow::Borrowed(key)),
+                            OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
+                        ));
+                    }
+                }
+                Some(current) => {
+                    let current = decode(current)?;
+                    if ours {
+                        owned.push(key);
+                        if current != *value {
+                            added.push(key);
+                            ops.push(Op::Replace(
+                                Path::Key(base, Cow::Borrowed(key)),
+                                OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
+                            ));
+                        }
+                    } else if current != *value {
+                        self.warnings.push(format!(
+                            "splice policy {policy}: kept the pod's own {what} {key:?}; the injected value was skipped"
+                        ));
+                    }
+                }
+            }
+        }
+        for key in recorded {
+            if desired.iter().any(|(k, _)| k == key) || key == STATUS_ANNOTATION {
+                continue;
+            }
+            if lookup(key)?.is_some() {
+                ops.push(Op::Remove(Path::Key(base, Cow::Owned(key.clone()))));
+            }
+        }
+        if !new_map.is_empty() {
+            ops.push(Op::Add(Path::Fixed(base), OpValue::StrMap(new_map)));
+        }
+        if !added.is_empty() {
+            self.injected.part(part, added.iter().copied());
+        }
+        Ok(owned)
+    }
+
+    /// This policy's entry in the status annotation, rewritten when it changed.
+    fn status_annotation(
+        &self,
+        status: Option<&Status>,
+        annotations_absent: bool,
+        ops: &mut Vec<Op<'x>>,
+    ) -> Result<(), EngineError> {
+        let policy = self.policy;
+        let changed = match status.and_then(|s| s.mine.as_ref()) {
+            None => true,
+            Some(m) => EntryRef::of(m).to_json() != self.entry.to_json(),
+        };
+        if !changed {
+            return Ok(());
+        }
+        let text = match status {
+            Some(s) if s.entries.keys().any(|k| k != policy) => {
+                let mut entries = s.entries.clone();
+                let value: Value =
+                    serde_json::from_slice(&self.entry.to_json()).map_err(invalid)?;
+                entries.insert(policy.to_owned(), value);
+                Text::Plain(Cow::Owned(
+                    serde_json::to_string(&entries).map_err(invalid)?,
+                ))
+            }
+            _ => {
+                // The common case, only this policy on the pod: written straight into the escaped
+                // form the patch carries, with no intermediate JSON tree or string.
+                let mut text = Vec::with_capacity(1024);
+                text.push(b'{');
+                push_name(&mut text, policy, true);
+                text.push(b':');
+                self.entry.write(&mut text, true);
+                text.push(b'}');
+                Text::Escaped(text)
+            }
+        };
+        // When the map itself was just created by an "add", fold the status into it.
+        let folded = ops.iter_mut().find_map(|op| match op {
+            Op::Add(Path::Fixed("/metadata/annotations"), OpValue::StrMap(entries)) => {
+                Some(entries)
+            }
+            _ => None,
+        });
+        if let Some(entries) = folded {
+            entries.push((Cow::Borrowed(STATUS_ANNOTATION), text));
+        } else if annotations_absent {
+            ops.push(Op::Add(
+                Path::Fixed("/metadata/annotations"),
+                OpValue::StrMap(vec![(Cow::Borrowed(STATUS_ANNOTATION), text)]),
+            ));
+        } else {
+            let path = Path::Key("/metadata/annotations", Cow::Borrowed(STATUS_ANNOTATION));
+            ops.push(if status.is_some_and(|s| s.annotated) {
+                Op::Replace(path, OpValue::Str(text))
+            } else {
+                Op::Add(path, OpValue::Str(text))
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One list planned in each application container: env (by name) or volume mounts (by path).
+struct PerContainer<'r, 'x> {
+    /// The list's suffix after `/spec/containers/{i}`, and that suffix with `/-`.
+    suffix: (&'static str, &'static str),
+    rendered: &'x [RItem<'x>],
+    /// The rendered items' keys, the same for every container: built once.
+    keys: NameSet<'x>,
+    /// What this policy recorded, by container name.
+    recorded: &'r BTreeMap<String, Vec<String>>,
+    /// Per container, the author's items kept over the policy's (for a warning).
+    kept: Kept<'x>,
+    /// The containers the items went into this time (for the summary).
+    into: Vec<&'x str>,
+    /// This policy's items per container, for its entry.
+    entry: Vec<(&'x str, Names<'x>)>,
+}
+
+impl<'r, 'x> PerContainer<'r, 'x> {
+    fn new(
+        suffix: (&'static str, &'static str),
+        rendered: &'x [RItem<'x>],
+        recorded: &'r BTreeMap<String, Vec<String>>,
+    ) -> Self {
+        PerContainer {
+            suffix,
+            rendered,
+            keys: NameSet::new(rendered.iter().map(|i| i.key.as_ref())),
+            recorded,
+            kept: Vec::new(),
+            into: Vec::new(),
+            entry: Vec::new(),
+        }
+    }
+
+    /// Plans the list of container `ci` named `name`: `pod_keys` are the keys of its items
+    /// (`None` when it has no such list), `raw` its raw items, read only when needed.
+    fn plan<'o>(
+        &mut self,
+        ops: &mut Vec<Op<'x>>,
+        (ci, name): (usize, &'x str),
+        pod_keys: Option<&'x [Cow<'x, str>]>,
+        hash_same: bool,
+        raw: impl FnOnce() -> Result<Option<Vec<Raw<'o>>>, EngineError>,
+    ) -> Result<(), EngineError> {
+        let recorded = NameSet::new(
+            self.recorded
+                .get(name)
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+        );
+        let plan = container_list(
+            ops,
+            List::Container(ci, self.suffix.0, self.suffix.1),
+            pod_keys.map(|l| l.iter().map(|k| k.as_ref())),
+            (&recorded, &self.keys, self.rendered),
+            (&mut self.kept, name),
+            hash_same,
+            raw,
+        )?;
+        if plan.changed && !plan.add.is_empty() {
+            self.into.push(name);
+        }
+        if !plan.add.is_empty() {
+            self.entry.push((name, Names::Items(plan.add)));
+        }
+        Ok(())
+    }
+}
+
+/// The pod's items (index, name) that this policy recorded by name.
+fn recorded_items<'s, T>(
+    pod: Option<&'s [T]>,
+    name: impl Fn(&'s T) -> &'s Cow<'s, str>,
+    recorded: &[String],
+) -> Vec<(usize, &'s str)> {
+    let recorded = NameSet::new(recorded.iter().map(String::as_str));
+    pod.unwrap_or(&[])
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (i, name(item).as_ref()))
+        .filter(|(_, n)| recorded.contains(n))
+        .collect()
 }
 
 /// Per container, the keys of the author's items that were kept over the policy's.
@@ -817,86 +1088,6 @@ fn emit_list<'x>(ops: &mut Vec<Op<'x>>, list: List, absent: bool, plan: &ListPla
             ops.push(Op::Add(list.append(), OpValue::Item(item)));
         }
     }
-}
-
-/// Plans one string map (labels or annotations): returns the keys added and the keys this policy
-/// owns afterwards (in template order).
-#[allow(clippy::too_many_arguments)]
-fn plan_map<'x, V>(
-    policy: &str,
-    what: &str,
-    base: &'static str,
-    pod: Option<&Entries<'_, V>>,
-    decode: impl Fn(&V) -> Result<Cow<'static, str>, EngineError>,
-    recorded: &[String],
-    desired: &'x [(Cow<'x, str>, Cow<'x, str>)],
-    ops: &mut Vec<Op<'x>>,
-    warnings: &mut Vec<String>,
-) -> Result<(Vec<&'x str>, Vec<&'x str>), EngineError> {
-    let mut added = Vec::new();
-    let mut owned = Vec::new();
-    let mut new_map: Vec<(Cow<'x, str>, Text<'x>)> = Vec::new();
-    for (k, value) in desired {
-        let key: &'x str = k;
-        if what == "label" {
-            validate::label_value(value).map_err(|e| EngineError::InvalidRender {
-                policy: policy.to_owned(),
-                field: {
-                    let mut f = "spec.template.labels".to_owned();
-                    super::template::push_key(&mut f, key);
-                    f
-                },
-                message: format!("rendered label value {value:?} {e}"),
-            })?;
-        }
-        let ours = recorded.iter().any(|r| r == key);
-        match pod.and_then(|p| p.get(key)) {
-            None => {
-                added.push(key);
-                owned.push(key);
-                if pod.is_none() {
-                    new_map.push((
-                        Cow::Borrowed(key),
-                        Text::Plain(Cow::Borrowed(value.as_ref())),
-                    ));
-                } else {
-                    ops.push(Op::Add(
-                        Path::Key(base, Cow::Borrowed(key)),
-                        OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
-                    ));
-                }
-            }
-            Some(current) => {
-                let current = decode(current)?;
-                if ours {
-                    owned.push(key);
-                    if current != *value {
-                        added.push(key);
-                        ops.push(Op::Replace(
-                            Path::Key(base, Cow::Borrowed(key)),
-                            OpValue::Str(Text::Plain(Cow::Borrowed(value.as_ref()))),
-                        ));
-                    }
-                } else if current != *value {
-                    warnings.push(format!(
-                        "splice policy {policy}: kept the pod's own {what} {key:?}; the injected value was skipped"
-                    ));
-                }
-            }
-        }
-    }
-    for key in recorded {
-        if desired.iter().any(|(k, _)| k == key) || key == STATUS_ANNOTATION {
-            continue;
-        }
-        if pod.is_some_and(|p| p.get(key).is_some()) {
-            ops.push(Op::Remove(Path::Key(base, Cow::Owned(key.clone()))));
-        }
-    }
-    if !new_map.is_empty() {
-        ops.push(Op::Add(Path::Fixed(base), OpValue::StrMap(new_map)));
-    }
-    Ok((added, owned))
 }
 
 #[cfg(test)]
