@@ -37,16 +37,20 @@ def setup(api, agnhost_port, agnhost_ca):
     for arm in ARMS:
         api.json("POST", "/api/v1/namespaces",
                  {"metadata": {"name": namespace(arm), "labels": {LABEL: arm}}})
-    policy = {
-        "apiVersion": "splice.dev/v1alpha1",
-        "kind": "InjectionPolicy",
-        "metadata": {"name": "bench-sidecar", "labels": {"e2e.splice.dev/instance": "bench"}},
-        "spec": {
-            "namespaceSelector": {"matchLabels": {LABEL: "splice"}},
-            "template": {"containers": [SIDECAR]},
-        },
-    }
-    api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", policy)
+    # One policy per Splice instance: `splice` (instance label `bench`) and, when a baseline
+    # binary is given, `splice-before` (instance `bench-before`).
+    for arm, instance in (("splice", "bench"), ("splice-before", "bench-before")):
+        if arm not in ARMS:
+            continue
+        api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", {
+            "apiVersion": "splice.dev/v1alpha1",
+            "kind": "InjectionPolicy",
+            "metadata": {"name": f"bench-{arm}", "labels": {"e2e.splice.dev/instance": instance}},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {LABEL: arm}},
+                "template": {"containers": [SIDECAR]},
+            },
+        })
     with open(agnhost_ca, "rb") as f:
         bundle = base64.b64encode(f.read()).decode()
     api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
@@ -150,7 +154,12 @@ def main():
     ap.add_argument("--concurrent", type=int, default=8)
     ap.add_argument("--per-client", type=int, default=25)
     ap.add_argument("--out")
+    ap.add_argument("--baseline", action="store_true",
+                    help="measure a second Splice instance (labelled bench-before) as arm splice-before")
     args = ap.parse_args()
+    global ARMS
+    if args.baseline:
+        ARMS = ("none", "splice", "splice-before", "agnhost", "map")
 
     api = Api(args.kubeconfig)
     setup(api, args.agnhost_port, args.agnhost_ca)

@@ -11,7 +11,9 @@
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-admission), SPLICE_PORT_BASE (default
 # 16640), ROUNDS (5), SEQUENTIAL (100 creates per arm and round), CONCURRENT (8 clients),
-# PER_CLIENT (25 creates each), SPLICE_BIN, OUT (also write the table there).
+# PER_CLIENT (25 creates each), SPLICE_BIN, OUT (also write the table there), SPLICE_BASELINE_BIN
+# (another splice binary, e.g. a build of an earlier commit: measured as arm `splice-before` in the
+# same run, so a change to the request path is compared side by side).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -59,6 +61,21 @@ SPLICE_LOG=${SPLICE_LOG:-warn} "$SPLICE_BIN" run --namespace splice-system \
 pids+=($!)
 wait_splice_ready "$admin" "$splice_log"
 
+baseline=()
+if [ -n "${SPLICE_BASELINE_BIN:-}" ]; then
+  "$kubectl" create namespace splice-before >/dev/null
+  bport=$(free_port)
+  badmin=$(free_port)
+  before_log=$repo/target/bench-admission-splice-before.log
+  SPLICE_LOG=${SPLICE_LOG:-warn} "$SPLICE_BASELINE_BIN" run --namespace splice-before \
+    --webhook-url "https://127.0.0.1:$bport" --listen "127.0.0.1:$bport" \
+    --admin-listen "127.0.0.1:$badmin" --policy-selector "e2e.splice.dev/instance=bench-before" \
+    --probe-interval 0 > "$before_log" 2>&1 &
+  pids+=($!)
+  wait_splice_ready "$badmin" "$before_log"
+  baseline=(--baseline)
+fi
+
 # agnhost, with a throw-away certificate for 127.0.0.1.
 openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/key.pem" 2>/dev/null
 openssl req -x509 -new -key "$work/key.pem" -out "$work/cert.pem" -days 2 -subj "/CN=bench-agnhost" \
@@ -71,4 +88,5 @@ pids+=($!)
 python3 "$repo/e2e/bench/admission.py" --kubeconfig "$KUBECONFIG" \
   --agnhost-port "$agnhost_port" --agnhost-ca "$work/cert.pem" \
   --rounds "${ROUNDS:-5}" --sequential "${SEQUENTIAL:-100}" \
-  --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"}
+  --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"} \
+  "${baseline[@]}"
