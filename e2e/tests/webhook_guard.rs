@@ -288,3 +288,70 @@ async fn splices_identity_creates_patches_and_deletes_the_webhook_configurations
     splice_manages::<ValidatingWebhookConfiguration>(&admin, &splice, &validating).await?;
     Ok(())
 }
+
+/// A configuration Splice rendered for a policy, whose managed-by label someone removed by hand:
+/// the guard still counts it as Splice's through its owner reference to the InjectionPolicy, so
+/// Splice's drift repair (server-side apply putting the label back) and its deletion both pass.
+#[tokio::test]
+async fn splices_identity_repairs_or_deletes_a_configuration_its_policy_owns_after_its_label_was_removed()
+-> Result<()> {
+    let admin = splice_e2e::client().await?;
+    let splice = guarded_splice().await?;
+    install_crd(&admin).await?;
+    let suffix = unique_suffix();
+    let instance = format!("guard-owner-{suffix}");
+    let _policies = PolicyCleanup {
+        instance: instance.clone(),
+    };
+    let policies: Api<splice_crds::InjectionPolicy> = Api::all(admin.clone());
+    let policy = policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+                "metadata": {"name": format!("e2e-{instance}"), "labels": {INSTANCE_LABEL: &instance}},
+                "spec": {"template": {"containers": [
+                    {"name": "proxy", "image": "registry.invalid/proxy:1"}]}},
+            }))?,
+        )
+        .await?;
+    let owner = json!([{
+        "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+        "name": policy.metadata.name, "uid": policy.metadata.uid,
+    }]);
+    let repaired = format!("splice-{suffix}-repaired");
+    let deleted = format!("splice-{suffix}-deleted");
+    let _cleanup = Cleanup(vec![repaired.clone(), deleted.clone()]);
+    let as_admin: Api<MutatingWebhookConfiguration> = Api::all(admin.clone());
+    for name in [&repaired, &deleted] {
+        let unlabelled: MutatingWebhookConfiguration =
+            serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": owner}}))?;
+        as_admin.create(&PostParams::default(), &unlabelled).await?;
+    }
+    let as_splice: Api<MutatingWebhookConfiguration> = Api::all(splice);
+    as_splice
+        .patch(
+            &repaired,
+            &PatchParams::apply("splice"),
+            &Patch::Apply(&labelled_as_splices::<MutatingWebhookConfiguration>(
+                &repaired,
+            )),
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("Splice putting its label back on {repaired}: {e}"))?;
+    let labels = as_admin
+        .get(&repaired)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
+    ensure!(
+        labels.get(MANAGED_BY).map(String::as_str) == Some("splice"),
+        "{repaired} did not get its label back: {labels:?}"
+    );
+    as_splice
+        .delete(&deleted, &DeleteParams::default())
+        .await
+        .map_err(|e| anyhow::anyhow!("Splice deleting {deleted}, which its policy owns: {e}"))?;
+    Ok(())
+}
