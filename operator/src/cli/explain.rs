@@ -52,10 +52,10 @@ enum Format {
     Json,
 }
 
-pub fn main(args: Args) -> ExitCode {
+pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
     let result = match (&args.pod, &args.file) {
         (_, Some(file)) => offline_inputs(&args, file).map_err(|e| e.to_string()),
-        (Some(pod), None) => online_inputs(&args, pod),
+        (Some(pod), None) => online_inputs(&args, pod, cluster),
         (None, None) => Err("give a POD name, or -f POD.yaml with -p POLICY.yaml".to_owned()),
     };
     let inputs = match result {
@@ -460,7 +460,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
     })
 }
 
-fn online_inputs(args: &Args, pod: &str) -> Result<Inputs, String> {
+fn online_inputs(args: &Args, pod: &str, cluster: &super::ClusterArgs) -> Result<Inputs, String> {
     if !args.namespace.namespace_labels.is_empty() {
         return Err(
             "--namespace-label is for -f (offline); online the namespace's own labels are used"
@@ -471,16 +471,17 @@ fn online_inputs(args: &Args, pod: &str) -> Result<Inputs, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(fetch(args, pod))
+    runtime.block_on(fetch(args, pod, cluster))
 }
 
-async fn fetch(args: &Args, name: &str) -> Result<Inputs, String> {
+async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<Inputs, String> {
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kube::ResourceExt;
     use kube::api::{Api, ListParams};
     use splice_crds::InjectionPolicy;
 
-    let client = super::kube_client()
+    let client = cluster
+        .client()
         .await
         .map_err(|e| format!("cannot reach the cluster: {e:#}"))?;
     let ns_name = match &args.namespace.namespace {

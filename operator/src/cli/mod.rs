@@ -3,7 +3,6 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
@@ -35,7 +34,7 @@ pub struct Cli {
 /// flags, so `kubectl splice ...` (this binary installed as `kubectl-splice`) takes what kubectl
 /// takes. kubectl hands a plugin its arguments as typed, not its environment.
 #[derive(clap::Args, Clone, Debug, Default)]
-struct ClusterArgs {
+pub(crate) struct ClusterArgs {
     /// Path to the kubeconfig file [default: $KUBECONFIG, else ~/.kube/config, else in-cluster].
     #[arg(long, global = true, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
@@ -44,35 +43,33 @@ struct ClusterArgs {
     context: Option<String>,
 }
 
-/// The command line's [`ClusterArgs`], set once by [`Cli::run`] before any command starts.
-static CLUSTER: OnceLock<ClusterArgs> = OnceLock::new();
-
-/// A client for the cluster `--kubeconfig` and `--context` name, else kube's usual inference
-/// (KUBECONFIG, ~/.kube/config, in-cluster).
-pub(crate) async fn kube_client() -> anyhow::Result<kube::Client> {
-    use anyhow::Context as _;
-    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
-    let args = CLUSTER.get().cloned().unwrap_or_default();
-    let options = KubeConfigOptions {
-        context: args.context.clone(),
-        ..KubeConfigOptions::default()
-    };
-    let config = match (&args.kubeconfig, &args.context) {
-        (Some(path), _) => {
-            let file = Kubeconfig::read_from(path)
-                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(file, &options)
+impl ClusterArgs {
+    /// A client for the cluster `--kubeconfig` and `--context` name, else kube's usual inference
+    /// (KUBECONFIG, ~/.kube/config, in-cluster).
+    pub(crate) async fn client(&self) -> anyhow::Result<kube::Client> {
+        use anyhow::Context as _;
+        use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..KubeConfigOptions::default()
+        };
+        let config = match (&self.kubeconfig, &self.context) {
+            (Some(path), _) => {
+                let file = Kubeconfig::read_from(path)
+                    .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+                Config::from_custom_kubeconfig(file, &options)
+                    .await
+                    .with_context(|| format!("using --kubeconfig {}", path.display()))?
+            }
+            (None, Some(context)) => Config::from_kubeconfig(&options)
                 .await
-                .with_context(|| format!("using --kubeconfig {}", path.display()))?
-        }
-        (None, Some(context)) => Config::from_kubeconfig(&options)
-            .await
-            .with_context(|| format!("using --context {context} of the kubeconfig"))?,
-        (None, None) => Config::infer()
-            .await
-            .context("finding the cluster (in-cluster config or KUBECONFIG)")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+                .with_context(|| format!("using --context {context} of the kubeconfig"))?,
+            (None, None) => Config::infer()
+                .await
+                .context("finding the cluster (in-cluster config or KUBECONFIG)")?,
+        };
+        Ok(kube::Client::try_from(config)?)
+    }
 }
 
 /// Whether the binary was started as kubectl's plugin (`kubectl-splice`, e.g. a link that
@@ -114,15 +111,15 @@ impl Cli {
     }
 
     pub fn run(self) -> ExitCode {
-        let _ = CLUSTER.set(self.cluster);
+        let cluster = &self.cluster;
         match self.command {
-            Command::Run(args) => run::main(args),
+            Command::Run(args) => run::main(args, cluster),
             Command::Inject(args) => inject::main(args),
             Command::Simulate(args) => simulate::main(args),
             Command::Webhook(args) => webhook::main(args),
-            Command::Explain(args) => explain::main(args),
+            Command::Explain(args) => explain::main(args, cluster),
             Command::Crd => crd::main(),
-            Command::Rotate(args) => rotate::main(args),
+            Command::Rotate(args) => rotate::main(args, cluster),
         }
     }
 }

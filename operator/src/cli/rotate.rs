@@ -91,7 +91,7 @@ pub struct Args {
     namespace: String,
 }
 
-pub fn main(args: Args) -> ExitCode {
+pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -102,7 +102,7 @@ pub fn main(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(request(&args.namespace)) {
+    match runtime.block_on(request(&args.namespace, cluster)) {
         Ok(()) => {
             println!(
                 "rotation requested; the leader records its progress in the \
@@ -118,8 +118,8 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-async fn request(namespace: &str) -> anyhow::Result<()> {
-    let client = super::kube_client().await?;
+async fn request(namespace: &str, cluster: &super::ClusterArgs) -> anyhow::Result<()> {
+    let client = cluster.client().await?;
     let secrets: Api<Secret> = Api::namespaced(client, namespace);
     let at = time::OffsetDateTime::now_utc().unix_timestamp().to_string();
     let patch = json!({"metadata": {"annotations": {ROTATE_ANNOTATION: at}}});

@@ -103,7 +103,7 @@ pub struct Args {
     certs: crate::cli::rotate::CertArgs,
 }
 
-pub fn main(args: Args) -> ExitCode {
+pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
     init_tracing(args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -115,7 +115,7 @@ pub fn main(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(args, cluster)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "splice run failed");
@@ -125,9 +125,9 @@ pub fn main(args: Args) -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, cluster: &super::ClusterArgs) -> anyhow::Result<()> {
     let settings = settings(&args)?;
-    let client = super::kube_client().await?;
+    let client = cluster.client().await?;
     splice_controller::run(client, settings, shutdown_signal()).await
 }
 
