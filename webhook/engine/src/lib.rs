@@ -13,6 +13,7 @@ use splice_crds::{
 };
 
 mod cache;
+mod chain;
 pub mod explain;
 mod facts;
 mod patch;
@@ -26,6 +27,7 @@ mod view;
 pub mod warnings;
 pub(crate) mod wire;
 
+pub use chain::{Chained, inject_in_order};
 pub use podsecurity::PodSecurity;
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
@@ -316,6 +318,11 @@ pub enum Selection {
     /// namespace cache can lag the API server (a namespace created or labelled a moment ago), and
     /// the API server's decision is the one the cluster acted on.
     ByApiServer,
+    /// The API server matched the namespace selector, which every policy of a shared webhook
+    /// entry has in common; the engine decides each policy's object selector from the pod's own
+    /// labels, the ones the API server would have matched. Only for CREATE: on UPDATE the API
+    /// server also matches the old object, which the engine does not see.
+    NamespaceByApiServer,
 }
 
 /// What the engine decided for one pod.
@@ -552,11 +559,14 @@ fn precheck(
     if label(OPT_OUT_LABEL) == Some("false") {
         return Some(SkipReason::OptedOut);
     }
-    if request.selection == Selection::ByApiServer {
-        return None;
-    }
-    if !policy.selects_namespace(request.namespace) {
-        return Some(SkipReason::NamespaceNotSelected);
+    match request.selection {
+        Selection::ByApiServer => return None,
+        Selection::NamespaceByApiServer => {}
+        Selection::Evaluate => {
+            if !policy.selects_namespace(request.namespace) {
+                return Some(SkipReason::NamespaceNotSelected);
+            }
+        }
     }
     if !policy.object_selector.matches(label) {
         return Some(SkipReason::ObjectNotSelected);

@@ -373,10 +373,10 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         };
         let raw = raw_pod.as_ref().and_then(|r| r.spec.as_ref());
         let occupied = p.occupied(spec);
-        p.init_containers(spec, raw, &occupied, &mut spec_ops)?;
         let others = status
             .map(|s| s.others_containers(policy))
             .unwrap_or_default();
+        p.init_containers(spec, raw, &occupied, &others, &mut spec_ops)?;
         p.env_and_mounts(spec, raw, &others, &mut spec_ops)?;
         p.containers(spec, raw, &occupied, &mut spec_ops)?;
         p.volumes(spec, raw, &mut spec_ops)?;
@@ -487,12 +487,15 @@ impl<'x> Planner<'_, 'x> {
             .collect()
     }
 
-    /// Init containers: this policy's go first, in template order, before the pod's own.
+    /// Init containers: this policy's go in template order before the pod's own, after those
+    /// other Splice policies injected at the head of the list, so that policies applied one after
+    /// the other (a shared call, in name order) run their init containers in that order.
     fn init_containers(
         &mut self,
         spec: Option<&'x SpecFacts<'x>>,
         raw: Option<&RawSpecView<'_>>,
         occupied: &NameSet<'_>,
+        others: &HashSet<&str>,
         ops: &mut Vec<Op<'x>>,
     ) -> Result<(), EngineError> {
         let pod = spec.and_then(|s| s.init_containers.as_deref());
@@ -515,10 +518,16 @@ impl<'x> Planner<'_, 'x> {
                     Path::Fixed("/spec/initContainers"),
                     OpValue::Items(plan.add.clone()),
                 ));
-            } else if pod.is_some() {
+            } else if let Some(pod) = pod {
+                let at = pod
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !plan.remove.contains(i))
+                    .take_while(|(_, n)| others.contains(n.as_ref()))
+                    .count();
                 for (k, item) in plan.add.iter().enumerate() {
                     ops.push(Op::Add(
-                        Path::Index("/spec/initContainers", k),
+                        Path::Index("/spec/initContainers", at + k),
                         OpValue::Item(item),
                     ));
                 }
