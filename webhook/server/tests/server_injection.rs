@@ -360,3 +360,166 @@ async fn an_object_the_engine_cannot_read_gets_500_so_the_failure_policy_applies
         1
     );
 }
+
+fn policy_yaml(name: &str, failure: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: {name}}}\nspec:\n  failurePolicy: {failure}\n{spec}"
+    )
+}
+
+fn shared_store() -> Arc<PolicyStore> {
+    let a = policy_yaml(
+        "a-logs",
+        "Ignore",
+        "  template:\n    containers: [{name: shipper, image: shipper:1}]",
+    );
+    let b = policy_yaml(
+        "b-broken",
+        "Ignore",
+        "  template:\n    containers: [{name: x, image: '{{ pod.metadata.labels.missing }}'}]",
+    );
+    let c = policy_yaml(
+        "c-secrets",
+        "Ignore",
+        "  objectSelector: {matchLabels: {secrets: 'on'}}\n  template:\n    initContainers: [{name: vault, image: vault:1}]",
+    );
+    let d = policy_yaml(
+        "d-strict",
+        "Fail",
+        "  template:\n    containers: [{name: y, image: '{{ pod.metadata.labels.missing }}'}]",
+    );
+    store_with(&[&a, &b, &c, &d])
+}
+
+#[tokio::test]
+async fn a_shared_entry_answers_one_patch_for_its_policies_and_counts_each() {
+    let recorder = Arc::new(Recorder::default());
+    let hook: Arc<dyn AdmissionHook> = recorder.clone();
+    let server = Running::start_with(config(), shared_store(), Some(hook)).await;
+    let body = pod_review("uid-s", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post(
+            "/inject/a-logs,c-secrets",
+            "application/json",
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let patched = apply(SMALL_POD, &patch_of(&reply).expect("a patch"));
+    let containers: Vec<&str> = patched["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(containers, ["app", "shipper"]);
+    // c-secrets selects pods labelled secrets=on: decided here, from the pod's labels.
+    assert!(patched["spec"].get("initContainers").is_none());
+    assert_eq!(
+        server
+            .metrics
+            .admission("a-logs")
+            .requests(Outcome::Injected),
+        1
+    );
+    let secrets = server.metrics.admission("c-secrets");
+    assert_eq!(secrets.requests(Outcome::Skipped), 1);
+    assert_eq!(secrets.skips(SkipReason::ObjectNotSelected), 1);
+    let seen: Vec<String> = recorder
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.0.clone())
+        .collect();
+    assert_eq!(seen, ["a-logs"]);
+}
+
+#[tokio::test]
+async fn in_a_shared_ignore_entry_a_failing_policy_is_left_out_with_a_warning() {
+    let server = Running::start_with(config(), shared_store(), None).await;
+    let body = pod_review("uid-i", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post(
+            "/inject/a-logs,b-broken",
+            "application/json",
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let v = reply.json();
+    let warnings: Vec<&str> = v["response"]["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("b-broken") && w.contains("did not inject")),
+        "{warnings:?}"
+    );
+    let patched = apply(SMALL_POD, &patch_of(&reply).expect("a patch"));
+    assert_eq!(patched["spec"]["containers"][1]["name"], "shipper");
+    assert_eq!(
+        server
+            .metrics
+            .admission("b-broken")
+            .requests(Outcome::Error),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_failing_policy_that_asks_for_fail_fails_the_shared_call() {
+    let server = Running::start_with(config(), shared_store(), None).await;
+    let body = pod_review("uid-f", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post(
+            "/inject/a-logs,d-strict",
+            "application/json",
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, 500, "{}", reply.text());
+    assert!(reply.text().contains("d-strict"), "{}", reply.text());
+    assert_eq!(
+        server
+            .metrics
+            .admission("d-strict")
+            .requests(Outcome::Error),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_shared_entry_naming_an_unknown_policy_still_injects_the_known_ones() {
+    let mut config = config();
+    config.cache_wait = Some(std::time::Duration::from_millis(50));
+    let server = Running::start_with(config, shared_store(), None).await;
+    let body = pod_review("uid-u", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post("/inject/a-logs,gone", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let warnings = reply.json()["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("no InjectionPolicy") && warnings.contains("gone"),
+        "{warnings}"
+    );
+    let patched = apply(SMALL_POD, &patch_of(&reply).expect("a patch"));
+    assert_eq!(patched["spec"]["containers"][1]["name"], "shipper");
+    for bad in ["/inject/a-logs,,c-secrets", "/inject/,a-logs"] {
+        let reply = exchange(&server, &post(bad, "application/json", body.as_bytes())).await;
+        assert_eq!(reply.status, 404, "{bad}: {}", reply.text());
+    }
+}

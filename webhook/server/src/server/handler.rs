@@ -15,8 +15,9 @@ use crate::admission::{self, Review};
 use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
 use crate::server::{WebhookConfig, validate};
 use crate::store::{NamespaceStore, PolicyStore, namespace_context};
+use splice_crds::{FailurePolicy, Operation};
 use splice_engine::{
-    self, CompiledPolicy, Decision, NamespaceContext, PodRequest, Selection, SkipReason,
+    CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, Selection, SkipReason,
 };
 
 /// The `policy` label of requests to `/inject/<name>` for a name no loaded policy has. Request
@@ -77,6 +78,7 @@ impl std::fmt::Debug for Handler {
 }
 
 enum Route<'a> {
+    /// `/inject/<policy>[,<policy>...]`: the policies of one webhook entry, in the order to apply.
     Inject(&'a str),
     Validate,
     #[cfg(feature = "bench-baselines")]
@@ -96,13 +98,24 @@ enum NullWork {
     Read,
 }
 
+/// One policy a webhook entry names, with its metrics; `policy` is `None` when this replica does
+/// not know it (deleted a moment ago, or not delivered yet).
+struct Member<'a> {
+    name: &'a str,
+    policy: Option<Arc<CompiledPolicy>>,
+    metrics: Arc<AdmissionMetrics>,
+}
+
 enum Target<'a> {
-    Policy(&'a str, Arc<CompiledPolicy>),
+    Policies(Vec<Member<'a>>),
     Validate,
-    Unknown,
     #[cfg(feature = "bench-baselines")]
     Null(NullWork),
 }
+
+/// The most policies one `/inject/...` path may name; a longer list is refused rather than
+/// looked up (the controller never writes one: a group is split before it gets there).
+pub const MAX_POLICIES_PER_CALL: usize = 64;
 
 impl Handler {
     pub fn new(
@@ -157,7 +170,7 @@ impl Handler {
             return Route::Validate;
         }
         if let Some(name) = path.strip_prefix("/inject/")
-            && !name.is_empty()
+            && name.split(',').all(|n| !n.is_empty())
             && !name.contains('/')
         {
             return Route::Inject(name);
@@ -181,7 +194,7 @@ impl Handler {
     {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        let (target, metrics) = match self.route(parts.uri.path()) {
+        let target = match self.route(parts.uri.path()) {
             Route::NotFound => {
                 return text(
                     StatusCode::NOT_FOUND,
@@ -189,54 +202,86 @@ impl Handler {
                 );
             }
             #[cfg(feature = "bench-baselines")]
-            Route::Null(work) => (
-                Target::Null(work),
-                self.inner.metrics.admission(NULL_POLICY_LABEL),
-            ),
-            Route::Validate => (Target::Validate, Arc::clone(&self.inner.validate)),
-            Route::Inject(name) => match self.policy(name).await {
-                Some(policy) => (
-                    Target::Policy(name, policy),
-                    self.inner.metrics.admission(name),
-                ),
-                None => (Target::Unknown, Arc::clone(&self.inner.unknown)),
-            },
-        };
-        let (response, outcome) = match self.read_body(&parts, body).await {
-            Err(rejection) => (rejection, Outcome::BadRequest),
-            Ok(body) => match target {
-                #[cfg(feature = "bench-baselines")]
-                Target::Null(work) => null_answer(work, &body),
-                Target::Unknown => self.admit(None, &metrics, &body).await,
-                Target::Validate => validate_policy(&body),
-                Target::Policy(name, policy) => {
-                    self.admit(Some((name, &policy)), &metrics, &body).await
+            Route::Null(work) => Target::Null(work),
+            Route::Validate => Target::Validate,
+            Route::Inject(names) => {
+                if names.split(',').count() > MAX_POLICIES_PER_CALL {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the path names more than {MAX_POLICIES_PER_CALL} policies"),
+                    );
                 }
-            },
+                Target::Policies(self.members(names).await)
+            }
         };
-        metrics.observe(outcome, started.elapsed());
+        let body = self.read_body(&parts, body).await;
+        let (response, outcomes) = match (&target, body) {
+            (_, Err(rejection)) => (rejection, Outcomes::All(Outcome::BadRequest)),
+            #[cfg(feature = "bench-baselines")]
+            (Target::Null(work), Ok(body)) => {
+                let (response, outcome) = null_answer(*work, &body);
+                (response, Outcomes::All(outcome))
+            }
+            (Target::Validate, Ok(body)) => {
+                let (response, outcome) = validate_policy(&body);
+                (response, Outcomes::All(outcome))
+            }
+            (Target::Policies(members), Ok(body)) => self.admit(members, &body).await,
+        };
+        let elapsed = started.elapsed();
+        match &target {
+            Target::Policies(members) => {
+                for (i, member) in members.iter().enumerate() {
+                    member.metrics.observe(outcomes.of(i), elapsed);
+                }
+            }
+            Target::Validate => self.inner.validate.observe(outcomes.of(0), elapsed),
+            #[cfg(feature = "bench-baselines")]
+            Target::Null(_) => self
+                .inner
+                .metrics
+                .admission(NULL_POLICY_LABEL)
+                .observe(outcomes.of(0), elapsed),
+        }
         response
     }
 
-    /// The policy `/inject/<name>` asks for. The API server only calls a path that a webhook
+    /// The policies `/inject/<names>` asks for. The API server only calls a path that a webhook
     /// configuration names, so a policy missing here is one this replica's watch has not
-    /// delivered yet (or one deleted a moment ago): wait for it rather than admit the pod
-    /// uninjected.
-    async fn policy(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+    /// delivered yet (or one deleted a moment ago): wait for it, all of them within one bound,
+    /// rather than admit the pod uninjected.
+    async fn members<'n>(&self, names: &'n str) -> Vec<Member<'n>> {
         let policies = &self.inner.policies;
-        match self.inner.config.cache_wait {
-            Some(within) => policies.wait_for(name, within).await,
-            None => policies.get(name),
+        let deadline = self.inner.config.cache_wait.map(|w| Instant::now() + w);
+        let mut members = Vec::with_capacity(1);
+        for name in names.split(',') {
+            let policy = match deadline {
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    policies.wait_for(name, left).await
+                }
+                None => policies.get(name),
+            };
+            let metrics = match &policy {
+                Some(_) => self.inner.metrics.admission(name),
+                None => Arc::clone(&self.inner.unknown),
+            };
+            members.push(Member {
+                name,
+                policy,
+                metrics,
+            });
         }
+        members
     }
 
     /// The namespace a pod is admitted into. Selection is the API server's (see
     /// [`Selection::ByApiServer`]), so the context only feeds templates: an unknown namespace is
     /// waited for only when a template reads its labels or annotations.
-    async fn namespace(&self, policy: &CompiledPolicy, name: &str) -> Arc<NamespaceContext> {
+    async fn namespace(&self, reads_metadata: bool, name: &str) -> Arc<NamespaceContext> {
         let store = &self.inner.namespaces;
         if let Some(within) = self.inner.config.cache_wait
-            && policy.reads_namespace_metadata()
+            && reads_metadata
             && let Some(known) = store.wait_for(name, within).await
         {
             return known;
@@ -294,107 +339,177 @@ impl Handler {
         }
     }
 
-    async fn admit(
-        &self,
-        policy: Option<(&str, &CompiledPolicy)>,
-        metrics: &AdmissionMetrics,
-        body: &[u8],
-    ) -> (HttpResponse, Outcome) {
+    /// Admits a pod through the policies of one webhook entry, in the entry's order, answering one
+    /// patch. A policy that fails fails the call (so the API server applies the entry's failure
+    /// policy) when it is alone or asks for `Fail`; in a shared entry of `Ignore` policies it is
+    /// left out with a warning and the others still inject, as separate webhooks would.
+    async fn admit(&self, members: &[Member<'_>], body: &[u8]) -> (HttpResponse, Outcomes) {
         let review = match admission::parse_review(body) {
             Ok(review) => review,
-            Err(e) => return malformed(&e),
+            Err(e) => {
+                let (response, outcome) = malformed(&e);
+                return (response, Outcomes::All(outcome));
+            }
         };
-        let Some((policy_name, policy)) = policy else {
-            // Counted and answered with a warning; a log line per request would flood during the
-            // moment between a policy's deletion and its webhook configuration's.
-            tracing::debug!(uid = %review.uid, "admission request for a policy this webhook does not know");
-            let warning = "splice: no InjectionPolicy of that name is loaded on this webhook; \
-                           the object was admitted unchanged"
-                .to_owned();
-            return (allow(&review, None, &[warning]), Outcome::UnknownPolicy);
-        };
-        let skip = |reason: SkipReason| {
-            metrics.skipped(reason);
-            (allow(&review, None, &[]), Outcome::Skipped)
+        let skip_all = |reason: SkipReason| {
+            for m in members.iter().filter(|m| m.policy.is_some()) {
+                m.metrics.skipped(reason);
+            }
+            let each = members
+                .iter()
+                .map(|m| match m.policy {
+                    Some(_) => Outcome::Skipped,
+                    None => Outcome::UnknownPolicy,
+                })
+                .collect();
+            (allow(&review, None, &[]), Outcomes::Each(each))
         };
         if !review.is_pod {
-            return skip(SkipReason::NotAPod);
+            return skip_all(SkipReason::NotAPod);
         }
         let Some(operation) = review.operation.injectable() else {
-            return skip(SkipReason::OperationNotConfigured);
+            return skip_all(SkipReason::OperationNotConfigured);
         };
         let Some(object) = review.object.as_ref() else {
             // parse_review refuses a pod CREATE/UPDATE without an object; stay total anyway.
-            return skip(SkipReason::NotAPod);
+            return skip_all(SkipReason::NotAPod);
         };
-        let namespace = self.namespace(policy, &review.namespace).await;
+        let loaded: Vec<&CompiledPolicy> =
+            members.iter().filter_map(|m| m.policy.as_deref()).collect();
+        let reads_metadata = loaded.iter().any(|p| p.reads_namespace_metadata());
+        let namespace = self.namespace(reads_metadata, &review.namespace).await;
         let request = PodRequest {
             operation,
             object,
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
-            // When the webhook configuration is older than the policy (a selector just changed),
-            // the configuration's match still wins: it is what the cluster enforces for this very
-            // request, and the leader brings the configuration up to date moments later.
-            selection: Selection::ByApiServer,
+            selection: selection(&loaded, operation),
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
-        let decided =
-            std::panic::catch_unwind(AssertUnwindSafe(|| splice_engine::inject(policy, &request)));
-        match decided {
-            Ok(Ok(Decision::Inject(injection))) => {
-                if !review.dry_run {
-                    if injection.changed {
-                        metrics.injected();
+        let Ok(chained) = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            splice_engine::inject_in_order(&loaded, &request)
+        })) else {
+            tracing::error!(uid = %review.uid, "the injection engine panicked");
+            let message = "splice could not compute the injection: internal error";
+            return (
+                text(StatusCode::INTERNAL_SERVER_ERROR, message),
+                Outcomes::All(Outcome::Error),
+            );
+        };
+        let mut warnings = chained.warnings;
+        let mut each = Vec::with_capacity(members.len());
+        let mut decisions = chained.decisions.into_iter();
+        let mut fatal = None;
+        for member in members {
+            let Some(policy) = &member.policy else {
+                // Counted and answered with a warning; a log line per request would flood during
+                // the moment between a policy's deletion and its webhook configuration's update.
+                tracing::debug!(uid = %review.uid, "admission request for a policy this webhook does not know");
+                warnings.push(format!(
+                    "splice: no InjectionPolicy {:?} is loaded on this webhook; it did not inject",
+                    member.name
+                ));
+                each.push(Outcome::UnknownPolicy);
+                continue;
+            };
+            let decided = decisions
+                .next()
+                .unwrap_or(Err(EngineError::InvalidObject("no decision".into())));
+            each.push(match decided {
+                Ok(Decision::Inject(injection)) => {
+                    if !review.dry_run {
+                        if injection.changed {
+                            member.metrics.injected();
+                        }
+                        if let Some(hook) = &self.inner.hook {
+                            hook.admitted(&Admitted {
+                                policy: member.name,
+                                uid: &review.uid,
+                                namespace: &review.namespace,
+                                name: review.name.as_deref(),
+                                operation,
+                                changed: injection.changed,
+                            });
+                        }
                     }
-                    if let Some(hook) = &self.inner.hook {
-                        hook.admitted(&Admitted {
-                            policy: policy_name,
-                            uid: &review.uid,
-                            namespace: &review.namespace,
-                            name: review.name.as_deref(),
-                            operation,
-                            changed: injection.changed,
-                        });
+                    if injection.changed {
+                        Outcome::Injected
+                    } else {
+                        Outcome::Unchanged
                     }
                 }
-                let (patch, outcome) = if injection.changed {
-                    (Some(&injection.patch[..]), Outcome::Injected)
-                } else {
-                    (None, Outcome::Unchanged)
-                };
-                (allow(&review, patch, &injection.warnings), outcome)
-            }
-            Ok(Ok(Decision::Skip(reason))) => skip(reason),
-            Ok(Err(e)) => {
-                // An invalid-object message may quote the pod, which may hold secrets: log the
-                // kind only. Template errors name a field and a cause, which operators need.
-                let detail = match &e {
-                    splice_engine::EngineError::InvalidObject(_) => String::new(),
-                    other => other.to_string(),
-                };
-                tracing::warn!(
-                    policy = policy_name,
-                    uid = %review.uid,
-                    namespace = %review.namespace,
-                    error = e.label(),
-                    detail,
-                    "injection failed; the API server applies the webhook's failure policy"
-                );
-                let message = format!("splice could not compute the injection: {e}");
-                (
-                    text(StatusCode::INTERNAL_SERVER_ERROR, &message),
-                    Outcome::Error,
-                )
-            }
-            Err(_) => {
-                tracing::error!(uid = %review.uid, "the injection engine panicked");
-                let message = "splice could not compute the injection: internal error";
-                (
-                    text(StatusCode::INTERNAL_SERVER_ERROR, message),
-                    Outcome::Error,
-                )
-            }
+                Ok(Decision::Skip(reason)) => {
+                    member.metrics.skipped(reason);
+                    Outcome::Skipped
+                }
+                Err(e) => {
+                    // An invalid-object message may quote the pod, which may hold secrets: log the
+                    // kind only. Template errors name a field and a cause, which operators need.
+                    let detail = match &e {
+                        EngineError::InvalidObject(_) => String::new(),
+                        other => other.to_string(),
+                    };
+                    tracing::warn!(
+                        policy = member.name,
+                        uid = %review.uid,
+                        namespace = %review.namespace,
+                        error = e.label(),
+                        detail,
+                        "injection failed; the API server applies the webhook's failure policy"
+                    );
+                    if members.len() == 1 || policy.spec().failure_policy == FailurePolicy::Fail {
+                        fatal.get_or_insert(e);
+                    } else {
+                        warnings.push(format!(
+                            "splice policy {} did not inject (failurePolicy Ignore): {e}",
+                            member.name
+                        ));
+                    }
+                    Outcome::Error
+                }
+            });
+        }
+        if let Some(e) = fatal {
+            let message = format!("splice could not compute the injection: {e}");
+            return (
+                text(StatusCode::INTERNAL_SERVER_ERROR, &message),
+                Outcomes::Each(each),
+            );
+        }
+        let patch = chained.changed.then_some(&chained.patch[..]);
+        (allow(&review, patch, &warnings), Outcomes::Each(each))
+    }
+}
+
+/// Who decides the selectors for one call. A webhook entry of one policy carries that policy's
+/// selectors, so the API server decided both. A shared entry carries the namespace selector its
+/// policies have in common, and their object selector only when they all have the same one: the
+/// engine then decides each object selector from the pod's labels. UPDATE entries are only
+/// shared by policies with one object selector (the API server also matches the old object,
+/// which the engine does not see), so the API server decides those.
+fn selection(policies: &[&CompiledPolicy], operation: Operation) -> Selection {
+    let first = policies.first().map(|p| &p.spec().object_selector);
+    let one_selector = policies
+        .iter()
+        .all(|p| Some(&p.spec().object_selector) == first);
+    if one_selector || operation == Operation::Update {
+        Selection::ByApiServer
+    } else {
+        Selection::NamespaceByApiServer
+    }
+}
+
+/// The outcome of one call for each policy it named (or one for all of them).
+enum Outcomes {
+    All(Outcome),
+    Each(Vec<Outcome>),
+}
+
+impl Outcomes {
+    fn of(&self, i: usize) -> Outcome {
+        match self {
+            Outcomes::All(o) => *o,
+            Outcomes::Each(each) => each.get(i).copied().unwrap_or(Outcome::Error),
         }
     }
 }
