@@ -104,6 +104,10 @@ pub struct Context {
     /// Who conflicted with whom at the last reconcile, so a spec change re-reconciles only the
     /// policies whose conflicts it can change.
     pub neighbours: Arc<neighbours::Neighbours>,
+    /// What tells this Splice's shared webhook entries from another instance's in the cluster.
+    pub instance: String,
+    /// The spec each policy serves, for grouping policies into shared webhook entries.
+    pub served: serving::ServedSpecs,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -145,6 +149,12 @@ impl Context {
             serving: watch::channel(Serving::default()).1,
             // Without a controller reading the queue, requeues go nowhere.
             neighbours: Arc::new(neighbours::Neighbours::new().0),
+            instance: format!(
+                "{}/{}",
+                settings.namespace,
+                settings.policy_selector.as_deref().unwrap_or_default()
+            ),
+            served: serving::ServedSpecs::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
@@ -648,23 +658,32 @@ async fn sweep_once(
     let managed = configurations
         .list_metadata(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
         .await?;
-    for configuration in managed {
-        let Some(owner) = configuration.owner_references().iter().find(|o| {
-            o.kind == InjectionPolicy::kind(&())
-                && o.api_version == InjectionPolicy::api_version(&())
-        }) else {
-            continue;
-        };
-        let cached = known.get(&ObjectRef::new(&owner.name));
-        if cached.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
-            continue;
-        }
-        // Not in the cache: maybe deleted, maybe created a moment ago, maybe another instance's
-        // (outside --policy-selector). Only the API can tell.
-        let alive = policies.get_opt(&owner.name).await?;
-        if alive.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
+    'configurations: for configuration in managed {
+        // A shared entry has one owner per policy it serves: it is an orphan once all are gone.
+        let owners: Vec<_> = configuration
+            .owner_references()
+            .iter()
+            .filter(|o| {
+                o.kind == InjectionPolicy::kind(&())
+                    && o.api_version == InjectionPolicy::api_version(&())
+            })
+            .collect();
+        if owners.is_empty() {
             continue;
         }
+        for owner in &owners {
+            let cached = known.get(&ObjectRef::new(&owner.name));
+            if cached.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
+                continue 'configurations;
+            }
+            // Not in the cache: maybe deleted, maybe created a moment ago, maybe another
+            // instance's (outside --policy-selector). Only the API can tell.
+            let alive = policies.get_opt(&owner.name).await?;
+            if alive.as_ref().and_then(|p| p.metadata.uid.as_ref()) == Some(&owner.uid) {
+                continue 'configurations;
+            }
+        }
+        let owner = owners[0];
         if !*leading.borrow() {
             return Ok(());
         }

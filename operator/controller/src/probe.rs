@@ -26,6 +26,7 @@ use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 use tokio::sync::watch;
 
 use crate::coverage::{Namespaces, Policies};
+use crate::policy::groups::webhook_name_of;
 use crate::policy::render::webhook_name;
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
@@ -421,7 +422,13 @@ pub async fn run(
                 continue;
             };
             let subject = || Subject {
-                webhook_name: webhook_name(&name),
+                // A shared entry's webhook is named after the entry, not the policy.
+                webhook_name: policy
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.webhook_configuration.as_deref())
+                    .and_then(webhook_name_of)
+                    .unwrap_or_else(|| webhook_name(&name)),
                 containers: verdict::injected_containers(&compiled),
                 others: others(&served, &name),
                 timeout_seconds: compiled.spec().timeout_seconds,

@@ -111,6 +111,9 @@ pub struct Observation<'a> {
     pub pod_security: Option<PodSecurityLevel>,
     /// The compiler's warnings about the policy (fields absent at admission, confused deputy).
     pub warnings: &'a [String],
+    /// The policies a shared webhook entry serves, in the order it applies them (this one among
+    /// them); empty when the entry serves this policy alone.
+    pub shared_with: &'a [String],
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -139,7 +142,7 @@ pub fn desired_status(
 
     let (ready, configured) = match obs.webhook {
         WebhookOutcome::Applied { configuration } => {
-            let ready_message = if obs.conflicts.is_empty() {
+            let mut ready_message = if obs.conflicts.is_empty() {
                 format!(
                     "Pods selected by this policy are injected through MutatingWebhookConfiguration \
                      {configuration} (failurePolicy {}).",
@@ -153,6 +156,12 @@ pub fn desired_status(
                     obs.failure_policy.effective.as_str()
                 )
             };
+            if !obs.shared_with.is_empty() {
+                ready_message.push_str(&format!(
+                    " The entry is shared: one call applies {} in that order.",
+                    obs.shared_with.join(", ")
+                ));
+            }
             (
                 (ConditionStatus::True, "Configured", ready_message),
                 (
@@ -164,8 +173,9 @@ pub fn desired_status(
         }
         WebhookOutcome::Paused { configuration } => {
             let message = format!(
-                "spec.paused is true, so MutatingWebhookConfiguration {configuration} was removed and \
-                 no pod is injected; set spec.paused to false to resume injection."
+                "spec.paused is true, so MutatingWebhookConfiguration {configuration} no longer \
+                 serves this policy and no pod is injected; set spec.paused to false to resume \
+                 injection."
             );
             (
                 (ConditionStatus::False, "Paused", message.clone()),
@@ -189,8 +199,8 @@ pub fn desired_status(
                 ConditionStatus::False,
                 *reason,
                 format!(
-                    "MutatingWebhookConfiguration {configuration} was removed because no \
-                     generation of this policy compiles."
+                    "MutatingWebhookConfiguration {configuration} no longer serves this policy \
+                     because no generation of it compiles."
                 ),
             ),
         ),
@@ -443,6 +453,7 @@ mod tests {
             conflicts,
             pod_security: Some(PodSecurityLevel::Baseline),
             warnings: &[],
+            shared_with: &[],
         }
     }
 

@@ -5,6 +5,7 @@
 
 pub mod conditions;
 pub mod conflicts;
+pub mod groups;
 pub mod neighbours;
 pub mod reconcile;
 #[cfg(test)]

@@ -2,12 +2,13 @@
 //!
 //! Conflicts are pairwise, so a spec change of P can change the Conflicted condition of another
 //! policy Q; but only of a Q that P conflicted with before (Q's status may name P) or conflicts
-//! with now. Re-reconciling just those, instead of every policy, keeps a template change O(1)
+//! with now. Likewise a shared webhook entry: P joining or leaving it changes the entry of every
+//! other policy in it, before and after. Those are P's *partners*. Re-reconciling just those, instead of every policy, keeps a template change O(1)
 //! reconciles when policies do not clash, and 1,000 policies applied at once O(n) instead of
 //! O(n²).
 //!
-//! The leader records, per policy, the conflicts its last reconcile computed (what its status
-//! says). A reconcile that sees a new generation, and a deletion, queue the recorded partners in
+//! The leader records, per policy, the partners its last reconcile computed (conflicts: what its
+//! status says; and the policies its webhook entry serves). A reconcile that sees a new generation, and a deletion, queue the recorded partners in
 //! both directions plus the current ones.
 
 use std::collections::{BTreeSet, HashMap};
@@ -18,14 +19,12 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use splice_crds::InjectionPolicy;
 
-use super::conflicts::Conflict;
-
 /// What the last reconcile of one policy saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Seen {
     pub uid: Option<String>,
     pub generation: Option<i64>,
-    /// The policies it conflicted with.
+    /// Its partners: the policies it conflicted with or shared a webhook entry with.
     pub others: BTreeSet<String>,
 }
 
@@ -77,12 +76,12 @@ impl Neighbours {
     /// generation, a new policy, or the first look of a new leader), queues every policy whose
     /// conflicts may have changed with it. The same generation queues nothing, so partners that
     /// are reconciled in turn do not bounce reconciles back.
-    pub fn observed(&self, policy: &InjectionPolicy, conflicts: &[Conflict]) {
+    pub fn observed(&self, policy: &InjectionPolicy, partners: BTreeSet<String>) {
         let name = policy.name_any();
         let now = Seen {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,
-            others: conflicts.iter().map(|c| c.other.clone()).collect(),
+            others: partners,
         };
         let mut recorded = self.recorded.lock().unwrap_or_else(PoisonError::into_inner);
         let same_spec = recorded
@@ -211,12 +210,8 @@ mod tests {
         p
     }
 
-    fn conflict(other: &str) -> Conflict {
-        Conflict {
-            other: other.into(),
-            kind: super::super::conflicts::ItemKind::Volume,
-            item: "v".into(),
-        }
+    fn partner(other: &str) -> BTreeSet<String> {
+        BTreeSet::from([other.to_owned()])
     }
 
     fn drain(rx: &mut mpsc::UnboundedReceiver<ObjectRef<InjectionPolicy>>) -> BTreeSet<String> {
@@ -230,28 +225,28 @@ mod tests {
     #[test]
     fn only_a_new_generation_queues_partners_so_reconciles_do_not_bounce() {
         let (n, mut rx) = Neighbours::new();
-        n.observed(&policy("b", 1), &[]);
+        n.observed(&policy("b", 1), BTreeSet::new());
         assert!(drain(&mut rx).is_empty());
         // a appears and clashes with b: b must show it.
-        n.observed(&policy("a", 1), &[conflict("b")]);
+        n.observed(&policy("a", 1), partner("b"));
         assert_eq!(drain(&mut rx), names(&["b"]));
         // b's reconcile now sees a; b's spec did not change, so a is not queued again.
-        n.observed(&policy("b", 1), &[conflict("a")]);
+        n.observed(&policy("b", 1), partner("a"));
         assert!(drain(&mut rx).is_empty());
         // a resync of a at the same generation queues nothing.
-        n.observed(&policy("a", 1), &[conflict("b")]);
+        n.observed(&policy("a", 1), partner("b"));
         assert!(drain(&mut rx).is_empty());
         // a's template changes so the clash is gone: b must drop it.
-        n.observed(&policy("a", 2), &[]);
+        n.observed(&policy("a", 2), BTreeSet::new());
         assert_eq!(drain(&mut rx), names(&["b"]));
     }
 
     #[test]
     fn forgetting_a_policy_queues_its_partners_once() {
         let (n, mut rx) = Neighbours::new();
-        n.observed(&policy("a", 1), &[conflict("b")]);
-        n.observed(&policy("b", 1), &[conflict("a")]);
-        n.observed(&policy("c", 1), &[]);
+        n.observed(&policy("a", 1), partner("b"));
+        n.observed(&policy("b", 1), partner("a"));
+        n.observed(&policy("c", 1), BTreeSet::new());
         drain(&mut rx);
         n.forget("a");
         assert_eq!(drain(&mut rx), names(&["b"]));

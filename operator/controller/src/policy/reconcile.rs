@@ -6,6 +6,7 @@
 //! cancelled.
 
 use std::borrow::Cow;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use splice_crds::{
-    FailurePolicy, InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
+    InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
 };
 use splice_engine::PolicyError;
 
@@ -25,11 +26,13 @@ use super::conditions::{
     planned_events,
 };
 use super::conflicts::conflicts_of;
+use super::groups::{Group, Member, Plan};
 use super::render::{
-    RenderContext, RenderError, is_up_to_date, render, webhook_configuration_name,
+    RenderContext, RenderError, is_up_to_date, render_group, webhook_configuration_name,
 };
 use super::serving::{InForce, in_force};
 use crate::Context;
+use crate::guard::GuardStatus;
 use crate::retry::backoff;
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
@@ -138,18 +141,34 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     let failure_policy = effective_failure_policy(served.spec.failure_policy, &guard);
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
+    let serves = !policy.spec.paused && in_force.compiled().is_some();
+    let plan = plan_groups(ctx, policy, serves.then_some(&served.spec), &all, &guard);
     drop(all);
-    ctx.neighbours.observed(policy, &conflicts);
+    let group = plan.group_of(&name).cloned();
+    let mut partners: BTreeSet<String> = conflicts.iter().map(|c| c.other.clone()).collect();
+    partners.extend(
+        group
+            .iter()
+            .flat_map(|g| g.members.iter().map(|m| m.name.clone())),
+    );
+    partners.remove(&name);
+    ctx.neighbours.observed(policy, partners);
+    // The entry that served this policy so far, if another: retired once the new one is in force.
+    let previous = ctx
+        .last_known_status(policy)
+        .and_then(|s| s.webhook_configuration)
+        .unwrap_or_else(|| configuration.clone());
+    let configuration = group.as_ref().map_or(previous, |g| g.configuration.clone());
 
     let mut failure = None;
     let mut restored = None;
     let outcome = if policy.spec.paused {
-        match ensure_absent(ctx, policy, &configuration).await {
+        match retire(ctx, policy, &plan, None).await {
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else if let InForce::Nothing(error) = &in_force {
-        match ensure_absent(ctx, policy, &configuration).await {
+        match retire(ctx, policy, &plan, None).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
                 reason: invalid_reason(error),
@@ -157,10 +176,16 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             },
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else {
-        match ensure_applied(ctx, &served, failure_policy.effective).await {
+    } else if let Some(group) = &group {
+        let applied = match ensure_applied(ctx, group).await {
+            Ok(change) => retire(ctx, policy, &plan, Some(&group.configuration))
+                .await
+                .map(|()| change),
+            Err(e) => Err(e),
+        };
+        match applied {
             Ok(change) => {
-                restored = change.filter(|_| was_applied_at_this_generation(policy));
+                restored = change.filter(|_| was_applied_at_this_generation(policy, group));
                 match &in_force {
                     InForce::LastGood { compiled, error } => WebhookOutcome::Held {
                         configuration,
@@ -175,8 +200,20 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             }
             Err(e) => failed(configuration, e, &mut failure),
         }
+    } else {
+        // Serving, so planned: a policy the plan left out is a bug; say so rather than guess.
+        failed(
+            configuration,
+            Error::Render(RenderError::MissingUid(name.clone())),
+            &mut failure,
+        )
     };
 
+    let shared_with: Vec<String> = group
+        .as_ref()
+        .filter(|g| g.is_shared())
+        .map(|g| g.names().into_iter().map(str::to_owned).collect())
+        .unwrap_or_default();
     let template_hash = in_force.compiled().map(|c| c.template_hash().to_owned());
     let serving = in_force.record();
     let warnings: Vec<String> = in_force
@@ -192,6 +229,7 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         conflicts: &conflicts,
         pod_security: in_force.compiled().map(|c| c.pod_security().level),
         warnings: &warnings,
+        shared_with: &shared_with,
     };
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's: left out here, they are neither compared nor applied (so
@@ -255,10 +293,10 @@ fn failed(configuration: String, error: Error, slot: &mut Option<Error>) -> Webh
 
 /// True when the status already reports this generation's configuration as applied, so a
 /// configuration that no longer matches was changed by someone else, not by a policy edit.
-fn was_applied_at_this_generation(policy: &InjectionPolicy) -> bool {
+fn was_applied_at_this_generation(policy: &InjectionPolicy, group: &Group) -> bool {
     policy.status.as_ref().is_some_and(|s| {
         s.observed_generation == policy.metadata.generation
-            && s.webhook_configuration.is_some()
+            && s.webhook_configuration.as_deref() == Some(group.configuration.as_str())
             && s.conditions.iter().any(|c| {
                 c.type_ == splice_crds::condition::WEBHOOK_CONFIGURED && c.status == "True"
             })
@@ -268,18 +306,14 @@ fn was_applied_at_this_generation(policy: &InjectionPolicy) -> bool {
 /// Writes the desired configuration unless the observed one already says all of it. Returns the
 /// drift Event to publish when the configuration had been deleted, or edited by another field
 /// manager, after Splice had applied it.
-async fn ensure_applied(
-    ctx: &Context,
-    policy: &InjectionPolicy,
-    failure_policy: FailurePolicy,
-) -> Result<Option<PlannedEvent>, Error> {
+async fn ensure_applied(ctx: &Context, group: &Group) -> Result<Option<PlannedEvent>, Error> {
     let ca_bundle = ctx.ca_bundle.borrow().clone().ok_or(Error::NoCertificate)?;
     let cx = RenderContext {
         target: &ctx.target,
         splice_namespace: &ctx.namespace,
         ca_bundle: ca_bundle.as_bytes(),
     };
-    let desired = render(policy, failure_policy, &cx)?;
+    let desired = render_group(group, &cx)?;
     let name = desired.metadata.name.clone().unwrap_or_default();
     let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
     let observed = api.get_opt(&name).await.map_err(|source| Error::Read {
@@ -325,6 +359,79 @@ fn edited_by_someone_else(observed: &MutatingWebhookConfiguration) -> bool {
             .as_deref()
             .is_some_and(|manager| manager != MANAGER)
     })
+}
+
+/// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
+/// its reconcile just decided (`None`: it serves nothing); the others with the spec each serves.
+fn plan_groups(
+    ctx: &Context,
+    this: &InjectionPolicy,
+    this_spec: Option<&InjectionPolicySpec>,
+    all: &[Arc<InjectionPolicy>],
+    guard: &GuardStatus,
+) -> Plan {
+    let member = |p: &InjectionPolicy, spec: &InjectionPolicySpec| Member {
+        name: p.name_any(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        failure_policy: effective_failure_policy(spec.failure_policy, guard).effective,
+        spec: spec.clone(),
+    };
+    let this_name = this.name_any();
+    let others = all
+        .iter()
+        .filter(|p| p.name_any() != this_name)
+        .filter_map(|p| ctx.served.get(p).map(|spec| member(p, &spec)));
+    let this = this_spec.map(|spec| member(this, spec));
+    Plan::new(others.chain(this), &ctx.instance)
+}
+
+/// Takes `policy` out of every entry that served it other than `keep`: an entry still planned for
+/// other policies is rewritten without it; one no longer planned is deleted, after the entries
+/// that now serve its other policies are in force (so none of them has a moment unserved).
+async fn retire(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    plan: &Plan,
+    keep: Option<&str>,
+) -> Result<(), Error> {
+    let name = policy.name_any();
+    let mut candidates = BTreeSet::from([webhook_configuration_name(&name)]);
+    if let Some(previous) = ctx
+        .last_known_status(policy)
+        .and_then(|s| s.webhook_configuration)
+    {
+        candidates.insert(previous);
+    }
+    for candidate in candidates {
+        if Some(candidate.as_str()) == keep {
+            continue;
+        }
+        if let Some(group) = plan.group_named(&candidate) {
+            if !group.members.iter().any(|m| m.name == name) {
+                ensure_applied(ctx, group).await?;
+            }
+            continue;
+        }
+        let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+        let observed = api
+            .get_opt(&candidate)
+            .await
+            .map_err(|source| Error::Read {
+                name: candidate.clone(),
+                source,
+            })?;
+        let Some(observed) = observed else { continue };
+        for owner in observed.owner_references() {
+            if let Some(group) = plan.group_of(&owner.name)
+                && group.configuration != candidate
+                && owner.name != name
+            {
+                ensure_applied(ctx, group).await?;
+            }
+        }
+        ensure_absent(ctx, policy, &candidate).await?;
+    }
+    Ok(())
 }
 
 /// Deletes the policy's configuration if it exists and is Splice's (owned by this policy, or

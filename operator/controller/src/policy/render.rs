@@ -14,6 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use kube::Resource;
 use serde_json::Value;
+
+use super::groups::{Group, Member, Plan};
 use splice_crds::{
     ALWAYS_EXCLUDED_NAMESPACES, FailurePolicy, InjectionPolicy, MANAGED_BY_LABEL, MANAGER,
     NAMESPACE_NAME_LABEL, OPT_OUT_LABEL,
@@ -110,10 +112,6 @@ impl ClientTarget {
         }
     }
 
-    fn client_config(&self, policy: &str, ca_bundle: &[u8]) -> WebhookClientConfig {
-        self.client_config_at(&webhook_path(policy), ca_bundle)
-    }
-
     /// How the API server calls `path` on Splice's webhook server, trusting `ca_bundle`.
     pub(crate) fn client_config_at(&self, path: &str, ca_bundle: &[u8]) -> WebhookClientConfig {
         let ca_bundle = Some(ByteString(ca_bundle.to_vec()));
@@ -176,35 +174,63 @@ pub struct RenderContext<'a> {
     pub ca_bundle: &'a [u8],
 }
 
-/// The desired webhook configuration for `policy`, with the failure policy actually in force.
+/// The desired webhook configuration for `policy` alone, with the failure policy actually in
+/// force.
 pub fn render(
     policy: &InjectionPolicy,
     failure_policy: FailurePolicy,
     cx: &RenderContext<'_>,
 ) -> Result<MutatingWebhookConfiguration, RenderError> {
     let name = policy.meta().name.clone().unwrap_or_default();
-    if name.len() > MAX_POLICY_NAME_LEN {
-        return Err(RenderError::NameTooLong {
-            len: name.len(),
+    let uid = policy.meta().uid.clone().unwrap_or_default();
+    let group = Plan::new(
+        [Member {
             name,
-            max: MAX_POLICY_NAME_LEN,
+            uid,
+            spec: policy.spec.clone(),
+            failure_policy,
+        }],
+        cx.splice_namespace,
+    );
+    match group.groups() {
+        [only] => render_group(only, cx),
+        _ => Err(RenderError::MissingUid(String::new())),
+    }
+}
+
+/// The desired webhook configuration for one entry: a policy alone, or the policies that share
+/// it (all owning it, so it is garbage-collected with the last of them).
+pub fn render_group(
+    group: &Group,
+    cx: &RenderContext<'_>,
+) -> Result<MutatingWebhookConfiguration, RenderError> {
+    let Some(first) = group.members.first() else {
+        return Err(RenderError::MissingUid(String::new()));
+    };
+    let mut owners = Vec::with_capacity(group.members.len());
+    for m in &group.members {
+        if m.name.len() > MAX_POLICY_NAME_LEN {
+            return Err(RenderError::NameTooLong {
+                name: m.name.clone(),
+                len: m.name.len(),
+                max: MAX_POLICY_NAME_LEN,
+            });
+        }
+        if m.uid.is_empty() {
+            return Err(RenderError::MissingUid(m.name.clone()));
+        }
+        owners.push(OwnerReference {
+            api_version: InjectionPolicy::api_version(&()).into_owned(),
+            kind: InjectionPolicy::kind(&()).into_owned(),
+            name: m.name.clone(),
+            uid: m.uid.clone(),
+            // One controller per object: a shared entry has several owners and none controls it.
+            controller: Some(!group.is_shared()),
+            block_owner_deletion: Some(true),
         });
     }
-    let uid = policy
-        .meta()
-        .uid
-        .clone()
-        .ok_or_else(|| RenderError::MissingUid(name.clone()))?;
-    let spec = &policy.spec;
-
-    let owner = OwnerReference {
-        api_version: InjectionPolicy::api_version(&()).into_owned(),
-        kind: InjectionPolicy::kind(&()).into_owned(),
-        name: name.clone(),
-        uid,
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    };
+    // Every member has the same terms (see `groups`): the first one's are the entry's.
+    let spec = &first.spec;
     let operations = spec
         .operations
         .iter()
@@ -212,16 +238,16 @@ pub fn render(
         .collect();
 
     let webhook = MutatingWebhook {
-        name: webhook_name(&name),
+        name: group.webhook.clone(),
         admission_review_versions: vec!["v1".to_owned()],
-        client_config: cx.target.client_config(&name, cx.ca_bundle),
-        failure_policy: Some(failure_policy.as_str().to_owned()),
+        client_config: cx.target.client_config_at(&group.path(), cx.ca_bundle),
+        failure_policy: Some(first.failure_policy.as_str().to_owned()),
         match_policy: Some("Equivalent".to_owned()),
         namespace_selector: Some(namespace_selector(
             spec.namespace_selector.as_ref(),
             cx.splice_namespace,
         )),
-        object_selector: Some(object_selector(spec.object_selector.as_ref())),
+        object_selector: Some(object_selector(group.object_selector())),
         reinvocation_policy: Some(spec.reinvocation_policy.as_str().to_owned()),
         rules: Some(vec![RuleWithOperations {
             api_groups: Some(vec![String::new()]),
@@ -237,12 +263,12 @@ pub fn render(
 
     Ok(MutatingWebhookConfiguration {
         metadata: ObjectMeta {
-            name: Some(webhook_configuration_name(&name)),
+            name: Some(group.configuration.clone()),
             labels: Some(BTreeMap::from([(
                 MANAGED_BY_LABEL.to_owned(),
                 MANAGER.to_owned(),
             )])),
-            owner_references: Some(vec![owner]),
+            owner_references: Some(owners),
             ..ObjectMeta::default()
         },
         webhooks: Some(vec![webhook]),

@@ -5,6 +5,9 @@
 //! stays in force on every replica and in the webhook configuration until the spec is fixed. The
 //! leader and every replica decide with the same function, so they never disagree on it.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use kube::ResourceExt;
 use serde_json::Value;
 use splice_crds::{InjectionPolicy, InjectionPolicySpec};
@@ -72,6 +75,50 @@ pub fn in_force(policy: &InjectionPolicy) -> InForce {
             }
         }
         _ => InForce::Nothing(error),
+    }
+}
+
+/// The spec each policy serves, compiled once per version of the policy: grouping reads every
+/// policy's on every reconcile, and compiling them all each time would make a burst of n policy
+/// changes cost n² compilations.
+#[derive(Debug, Default)]
+pub struct ServedSpecs(Mutex<HashMap<String, (Version, Served)>>);
+
+/// The spec a policy serves, if any.
+type Served = Option<Arc<InjectionPolicySpec>>;
+
+/// What decides the spec in force: the spec (its generation) and the last good one in the status.
+#[derive(Debug, PartialEq, Eq)]
+struct Version {
+    uid: Option<String>,
+    generation: Option<i64>,
+    serving_generation: Option<i64>,
+}
+
+impl ServedSpecs {
+    /// The spec `policy` serves in a webhook, or `None` when it serves none (paused, being
+    /// deleted, or nothing compiles).
+    pub fn get(&self, policy: &InjectionPolicy) -> Option<Arc<InjectionPolicySpec>> {
+        if policy.spec.paused || policy.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        let version = Version {
+            uid: policy.metadata.uid.clone(),
+            generation: policy.metadata.generation,
+            serving_generation: policy.status.as_ref().and_then(|s| s.serving_generation),
+        };
+        let name = policy.name_any();
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((v, spec)) = known.get(&name)
+            && *v == version
+        {
+            return spec.clone();
+        }
+        let spec = in_force(policy)
+            .into_compiled()
+            .map(|c| Arc::new(c.spec().clone()));
+        known.insert(name, (version, spec.clone()));
+        spec
     }
 }
 

@@ -1,0 +1,379 @@
+//! Pure: which policies share one webhook entry (a *group*), and in which order they apply.
+//!
+//! Every matching webhook costs a pod create one API-server round trip, in sequence, so policies
+//! that the API server would call under the same terms are served by one entry and one call; the
+//! webhook applies them in name order. The terms: the failure policy in force, the operations,
+//! the reinvocation policy, the timeout, and the namespace selector. Namespace selectors must be
+//! equal because only the API server decides them with certainty: the webhook's namespace cache
+//! can lag it (a namespace labelled a moment ago). Object selectors may differ: the webhook decides
+//! each one from the pod's own labels, which are in the request. UPDATE is the exception (the API
+//! server also matches the old object, which the webhook does not read), so policies that take
+//! UPDATE only share with policies of the same object selector.
+//!
+//! An entry serving one policy keeps the policy's own names (`splice-<policy>`,
+//! `<policy>.splice.dev`, `/inject/<policy>`); a shared one is named after its terms, so it keeps
+//! its name while policies join and leave it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use sha2::{Digest, Sha256};
+use splice_crds::{FailurePolicy, InjectionPolicySpec, Operation};
+
+use super::render::{webhook_configuration_name, webhook_name};
+
+/// The most policies one entry serves; the webhook refuses longer paths.
+pub const MAX_GROUP_SIZE: usize = 32;
+
+/// Prefix of a shared configuration's name. A policy's own configuration is `splice-<policy>` and
+/// a policy name cannot start with `-`, so the two never collide.
+const SHARED_PREFIX: &str = "splice--group-";
+
+/// A policy as grouping sees it: the spec in force and the failure policy written for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Member {
+    pub name: String,
+    pub uid: String,
+    pub spec: InjectionPolicySpec,
+    pub failure_policy: FailurePolicy,
+}
+
+/// The terms under which the API server calls a webhook entry.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Terms {
+    failure_policy: &'static str,
+    operations: Vec<&'static str>,
+    reinvocation: &'static str,
+    timeout_seconds: i32,
+    namespace_selector: String,
+    /// Part of the terms only for policies that take UPDATE.
+    object_selector: Option<String>,
+}
+
+impl Terms {
+    fn of(m: &Member) -> Terms {
+        let mut operations: Vec<&'static str> =
+            m.spec.operations.iter().map(|o| o.as_str()).collect();
+        operations.sort_unstable();
+        operations.dedup();
+        let update = m.spec.operations.contains(&Operation::Update);
+        Terms {
+            failure_policy: m.failure_policy.as_str(),
+            operations,
+            reinvocation: m.spec.reinvocation_policy.as_str(),
+            timeout_seconds: m.spec.timeout_seconds,
+            namespace_selector: canonical(m.spec.namespace_selector.as_ref()),
+            object_selector: update.then(|| canonical(m.spec.object_selector.as_ref())),
+        }
+    }
+}
+
+/// A selector as text, with an empty `matchLabels` and an absent one written alike.
+fn canonical(selector: Option<&LabelSelector>) -> String {
+    let mut s = selector.cloned().unwrap_or_default();
+    if s.match_labels.as_ref().is_some_and(BTreeMap::is_empty) {
+        s.match_labels = None;
+    }
+    if s.match_expressions.as_ref().is_some_and(Vec::is_empty) {
+        s.match_expressions = None;
+    }
+    serde_json::to_string(&s).unwrap_or_default()
+}
+
+/// One webhook entry and the policies it serves, in the order they apply.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Group {
+    /// The MutatingWebhookConfiguration's name.
+    pub configuration: String,
+    /// The webhook's name inside it, as the API server reports it in errors.
+    pub webhook: String,
+    /// Sorted by name: the order the webhook applies them in.
+    pub members: Vec<Member>,
+}
+
+impl Group {
+    pub fn is_shared(&self) -> bool {
+        self.members.len() > 1
+    }
+
+    /// The path the webhook answers this entry on.
+    pub fn path(&self) -> String {
+        let mut path = String::from("/inject/");
+        for (i, m) in self.members.iter().enumerate() {
+            if i > 0 {
+                path.push(',');
+            }
+            path.push_str(&m.name);
+        }
+        path
+    }
+
+    /// The object selector the entry carries: the members' common one, or none when they differ
+    /// (the webhook then decides each).
+    pub fn object_selector(&self) -> Option<&LabelSelector> {
+        let first = self.members.first()?.spec.object_selector.as_ref();
+        let same = self
+            .members
+            .iter()
+            .all(|m| canonical(m.spec.object_selector.as_ref()) == canonical(first));
+        if same { first } else { None }
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.members.iter().map(|m| m.name.as_str()).collect()
+    }
+}
+
+/// Every entry for a set of policies.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    groups: Vec<Group>,
+}
+
+impl Plan {
+    /// Groups `members`. `instance` tells this Splice's entries from another's in the same cluster
+    /// (its namespace and policy selector), so two instances never write one shared entry.
+    pub fn new(members: impl IntoIterator<Item = Member>, instance: &str) -> Plan {
+        let mut by_terms: BTreeMap<Terms, Vec<Member>> = BTreeMap::new();
+        for m in members {
+            by_terms.entry(Terms::of(&m)).or_default().push(m);
+        }
+        let mut groups = Vec::new();
+        for (terms, mut members) in by_terms {
+            members.sort_by(|a, b| a.name.cmp(&b.name));
+            let id = terms_id(instance, &terms);
+            let chunks = members.len().div_ceil(MAX_GROUP_SIZE);
+            let mut rest = members.into_iter();
+            for chunk in 0..chunks {
+                let members: Vec<Member> = rest.by_ref().take(MAX_GROUP_SIZE).collect();
+                groups.push(match &members[..] {
+                    [only] => Group {
+                        configuration: webhook_configuration_name(&only.name),
+                        webhook: webhook_name(&only.name),
+                        members,
+                    },
+                    _ => {
+                        let suffix = if chunk == 0 {
+                            id.clone()
+                        } else {
+                            format!("{id}-{chunk}")
+                        };
+                        Group {
+                            configuration: format!("{SHARED_PREFIX}{suffix}"),
+                            webhook: format!("group-{suffix}.splice.dev"),
+                            members,
+                        }
+                    }
+                });
+            }
+        }
+        Plan { groups }
+    }
+
+    /// The entry that serves `policy`, if it is served.
+    pub fn group_of(&self, policy: &str) -> Option<&Group> {
+        self.groups
+            .iter()
+            .find(|g| g.members.iter().any(|m| m.name == policy))
+    }
+
+    /// The entry written as configuration `name`, if it is planned.
+    pub fn group_named(&self, name: &str) -> Option<&Group> {
+        self.groups.iter().find(|g| g.configuration == name)
+    }
+
+    pub fn groups(&self) -> &[Group] {
+        &self.groups
+    }
+}
+
+/// The webhook name inside configuration `configuration`, as [`Plan::new`] names it.
+pub fn webhook_name_of(configuration: &str) -> Option<String> {
+    if let Some(suffix) = configuration.strip_prefix(SHARED_PREFIX) {
+        return Some(format!("group-{suffix}.splice.dev"));
+    }
+    configuration.strip_prefix("splice-").map(webhook_name)
+}
+
+fn terms_id(instance: &str, terms: &Terms) -> String {
+    let mut hash = Sha256::new();
+    hash.update(instance.as_bytes());
+    hash.update([0]);
+    hash.update(format!("{terms:?}").as_bytes());
+    let digest = hash.finalize();
+    digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use splice_crds::ReinvocationPolicy;
+
+    fn member(name: &str, edit: impl FnOnce(&mut InjectionPolicySpec)) -> Member {
+        let mut spec = InjectionPolicySpec {
+            operations: vec![Operation::Create],
+            timeout_seconds: 10,
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("team".into(), "shop".into())])),
+                match_expressions: None,
+            }),
+            ..InjectionPolicySpec::default()
+        };
+        edit(&mut spec);
+        Member {
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            spec,
+            failure_policy: FailurePolicy::Ignore,
+        }
+    }
+
+    fn labels(k: &str, v: &str) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(k.into(), v.into())])),
+            match_expressions: None,
+        })
+    }
+
+    #[test]
+    fn policies_under_the_same_terms_share_one_entry_in_name_order() {
+        let plan = Plan::new(
+            [
+                member("logs", |_| {}),
+                member("mesh", |s| s.object_selector = labels("mesh", "on")),
+                member("env", |_| {}),
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.groups().len(), 1);
+        let g = &plan.groups()[0];
+        assert_eq!(g.names(), ["env", "logs", "mesh"]);
+        assert!(
+            g.configuration.starts_with("splice--group-"),
+            "{}",
+            g.configuration
+        );
+        assert_eq!(g.path(), "/inject/env,logs,mesh");
+        assert_eq!(
+            webhook_name_of(&g.configuration).as_deref(),
+            Some(g.webhook.as_str())
+        );
+        // Different object selectors: the entry carries none, the webhook decides each.
+        assert_eq!(g.object_selector(), None);
+    }
+
+    #[test]
+    fn a_policy_alone_keeps_its_own_configuration_names() {
+        let plan = Plan::new([member("mesh", |_| {})], "splice-system");
+        let g = plan.group_of("mesh").unwrap();
+        assert_eq!(g.configuration, "splice-mesh");
+        assert_eq!(g.webhook, "mesh.splice.dev");
+        assert_eq!(g.path(), "/inject/mesh");
+        assert_eq!(
+            webhook_name_of("splice-mesh").as_deref(),
+            Some("mesh.splice.dev")
+        );
+    }
+
+    #[test]
+    fn different_terms_are_never_merged() {
+        let plan = Plan::new(
+            [
+                member("a", |_| {}),
+                member("b", |s| s.timeout_seconds = 5),
+                member("c", |s| s.reinvocation_policy = ReinvocationPolicy::Never),
+                member("d", |s| {
+                    s.operations = vec![Operation::Create, Operation::Update]
+                }),
+                member("e", |s| s.namespace_selector = labels("team", "other")),
+                Member {
+                    failure_policy: FailurePolicy::Fail,
+                    ..member("f", |_| {})
+                },
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.groups().len(), 6);
+        assert!(plan.groups().iter().all(|g| !g.is_shared()));
+    }
+
+    #[test]
+    fn update_policies_share_only_with_the_same_object_selector() {
+        let both = |name: &str, sel: Option<LabelSelector>| {
+            member(name, |s| {
+                s.operations = vec![Operation::Update, Operation::Create];
+                s.object_selector = sel;
+            })
+        };
+        let plan = Plan::new(
+            [
+                both("a", labels("x", "1")),
+                both("b", labels("x", "1")),
+                both("c", labels("x", "2")),
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.group_of("a").unwrap().names(), ["a", "b"]);
+        assert_eq!(
+            plan.group_of("a").unwrap().object_selector(),
+            labels("x", "1").as_ref()
+        );
+        assert!(!plan.group_of("c").unwrap().is_shared());
+    }
+
+    #[test]
+    fn a_shared_entry_keeps_its_name_as_policies_join_and_leave() {
+        let two = Plan::new([member("a", |_| {}), member("b", |_| {})], "splice-system");
+        let three = Plan::new(
+            [
+                member("a", |_| {}),
+                member("b", |_| {}),
+                member("c", |_| {}),
+            ],
+            "splice-system",
+        );
+        assert_eq!(
+            two.group_of("a").unwrap().configuration,
+            three.group_of("c").unwrap().configuration
+        );
+        let other_instance = Plan::new([member("a", |_| {}), member("b", |_| {})], "elsewhere");
+        assert_ne!(
+            two.group_of("a").unwrap().configuration,
+            other_instance.group_of("a").unwrap().configuration
+        );
+    }
+
+    #[test]
+    fn a_large_group_is_split_into_entries_of_bounded_size() {
+        let plan = Plan::new(
+            (0..MAX_GROUP_SIZE + 3).map(|i| member(&format!("p{i:03}"), |_| {})),
+            "splice-system",
+        );
+        let sizes: Vec<usize> = plan.groups().iter().map(|g| g.members.len()).collect();
+        assert_eq!(sizes, [MAX_GROUP_SIZE, 3]);
+        assert_ne!(
+            plan.groups()[0].configuration,
+            plan.groups()[1].configuration
+        );
+    }
+
+    #[test]
+    fn equal_selectors_written_differently_still_share() {
+        let plan = Plan::new(
+            [
+                member("a", |s| s.namespace_selector = None),
+                member("b", |s| {
+                    s.namespace_selector = Some(LabelSelector::default())
+                }),
+                member("c", |s| {
+                    s.namespace_selector = Some(LabelSelector {
+                        match_labels: Some(BTreeMap::new()),
+                        match_expressions: Some(vec![]),
+                    })
+                }),
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.groups().len(), 1);
+    }
+}
