@@ -418,12 +418,24 @@ pub fn image_of(pod: &Pod, container: &str) -> Option<String> {
         .clone()
 }
 
-/// The webhook configuration Splice keeps for `policy`, if any.
+/// The webhook configuration Splice keeps for `policy`, if any: the one its status names (a
+/// shared entry), else its own `splice-<policy>`.
 pub async fn configuration(
     client: &Client,
     policy: &str,
 ) -> Result<Option<MutatingWebhookConfiguration>> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let policies: Api<InjectionPolicy> = Api::all(client.clone());
+    let named = policies
+        .get_opt(policy)
+        .await?
+        .and_then(|p| p.status)
+        .and_then(|s| s.webhook_configuration);
+    if let Some(name) = named
+        && let Some(found) = api.get_opt(&name).await?
+    {
+        return Ok(Some(found));
+    }
     Ok(api.get_opt(&format!("splice-{policy}")).await?)
 }
 

@@ -2,10 +2,10 @@
 //!
 //! Every matching webhook costs a pod create one API-server round trip, in sequence, so policies
 //! that the API server would call under the same terms are served by one entry and one call; the
-//! webhook applies them in name order. The terms: the failure policy in force, the operations,
-//! the reinvocation policy, the timeout, and the namespace selector. Namespace selectors must be
-//! equal because only the API server decides them with certainty: the webhook's namespace cache
-//! can lag it (a namespace labelled a moment ago). Object selectors may differ: the webhook decides
+//! webhook applies them in name order. The terms: the failure policy in force and the one asked
+//! for, the operations, the reinvocation policy, the timeout, and the namespace selector.
+//! Namespace selectors must be equal because only the API server decides them with certainty: the
+//! webhook's namespace cache can lag it (a namespace labelled a moment ago). Object selectors may differ: the webhook decides
 //! each one from the pod's own labels, which are in the request. UPDATE is the exception (the API
 //! server also matches the old object, which the webhook does not read), so policies that take
 //! UPDATE only share with policies of the same object selector.
@@ -42,6 +42,9 @@ pub struct Member {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Terms {
     failure_policy: &'static str,
+    /// The one asked for too: the webhook fails a shared call for a failing policy that asks for
+    /// `Fail` even while the guard writes `Ignore`, which must not touch `Ignore` policies.
+    requested_failure_policy: &'static str,
     operations: Vec<&'static str>,
     reinvocation: &'static str,
     timeout_seconds: i32,
@@ -59,6 +62,7 @@ impl Terms {
         let update = m.spec.operations.contains(&Operation::Update);
         Terms {
             failure_policy: m.failure_policy.as_str(),
+            requested_failure_policy: m.spec.failure_policy.as_str(),
             operations,
             reinvocation: m.spec.reinvocation_policy.as_str(),
             timeout_seconds: m.spec.timeout_seconds,
@@ -288,12 +292,14 @@ mod tests {
                 member("e", |s| s.namespace_selector = labels("team", "other")),
                 Member {
                     failure_policy: FailurePolicy::Fail,
-                    ..member("f", |_| {})
+                    ..member("f", |s| s.failure_policy = FailurePolicy::Fail)
                 },
+                // Asks for Fail, which the availability guard holds at Ignore.
+                member("g", |s| s.failure_policy = FailurePolicy::Fail),
             ],
             "splice-system",
         );
-        assert_eq!(plan.groups().len(), 6);
+        assert_eq!(plan.groups().len(), 7);
         assert!(plan.groups().iter().all(|g| !g.is_shared()));
     }
 
