@@ -19,7 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from controller import Api  # noqa: E402  (the same admin-certificate client)
 
 SIDECAR = {"name": "webhook-added-sidecar", "image": "registry.invalid/sidecar:1"}
-ARMS = ("none", "splice", "agnhost", "map")
+# The ten-policy arms add SIDECAR and nine more, one per policy (or MutatingAdmissionPolicy).
+TEN = [SIDECAR] + [{"name": f"sidecar-{i}", "image": f"registry.invalid/sidecar-{i}:1"}
+                   for i in range(1, 10)]
+ARMS = ("none", "null", "splice", "splice10", "agnhost", "map", "map10")
 LABEL = "bench-arm"
 POD = {
     "apiVersion": "v1",
@@ -33,10 +36,67 @@ def namespace(arm):
     return f"bench-{arm}"
 
 
-def setup(api, agnhost_port, agnhost_ca):
+def splice_policy(api, name, instance, arm, sidecar):
+    api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", {
+        "apiVersion": "splice.dev/v1alpha1",
+        "kind": "InjectionPolicy",
+        "metadata": {"name": name, "labels": {"e2e.splice.dev/instance": instance}},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {LABEL: arm}},
+            "template": {"containers": [sidecar]},
+        },
+    })
+
+
+def sidecar_map(api, name, arm, sidecar):
+    group = "/apis/admissionregistration.k8s.io/v1"
+    expression = ("Object{spec: Object.spec{containers: [Object.spec.containers{"
+                  f"name: \"{sidecar['name']}\", image: \"{sidecar['image']}\"}}]}}}}")
+    api.json("POST", f"{group}/mutatingadmissionpolicies", {
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                "resources": ["pods"]}]},
+            "mutations": [{"patchType": "ApplyConfiguration",
+                           "applyConfiguration": {"expression": expression}}],
+        },
+    })
+    api.json("POST", f"{group}/mutatingadmissionpolicybindings", {
+        "metadata": {"name": name},
+        "spec": {"policyName": name,
+                 "matchResources": {"namespaceSelector": {"matchLabels": {LABEL: arm}}}},
+    })
+
+
+def plain_webhook(api, name, url, bundle, arm):
+    api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": f"{name}.bench.splice.dev",
+            "clientConfig": {"url": url, "caBundle": bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {LABEL: arm}},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "timeoutSeconds": 10,
+        }],
+    })
+
+
+def setup(api, agnhost_port, agnhost_ca, null_port):
     for arm in ARMS:
         api.json("POST", "/api/v1/namespaces",
                  {"metadata": {"name": namespace(arm), "labels": {LABEL: arm}}})
+    # Ten overlapping policies, one shared webhook entry.
+    for i, sidecar in enumerate(TEN):
+        splice_policy(api, f"bench-ten-{i}", "bench", "splice10", sidecar)
+        sidecar_map(api, f"bench-ten-{i}", "map10", sidecar)
     # One policy per Splice instance: `splice` (instance label `bench`) and, when a baseline
     # binary is given, `splice-before` (instance `bench-before`).
     for arm, instance in (("splice", "bench"), ("splice-before", "bench-before")):
@@ -53,42 +113,11 @@ def setup(api, agnhost_port, agnhost_ca):
         })
     with open(agnhost_ca, "rb") as f:
         bundle = base64.b64encode(f.read()).decode()
-    api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
-        "metadata": {"name": "bench-agnhost"},
-        "webhooks": [{
-            "name": "sidecar.bench.splice.dev",
-            "clientConfig": {"url": f"https://127.0.0.1:{agnhost_port}/mutating-pods-sidecar",
-                             "caBundle": bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {LABEL: "agnhost"}},
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "timeoutSeconds": 10,
-        }],
-    })
-    group = "/apis/admissionregistration.k8s.io/v1"
-    expression = ("Object{spec: Object.spec{containers: [Object.spec.containers{"
-                  f"name: \"{SIDECAR['name']}\", image: \"{SIDECAR['image']}\"}}]}}}}")
-    api.json("POST", f"{group}/mutatingadmissionpolicies", {
-        "metadata": {"name": "bench-sidecar"},
-        "spec": {
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "matchConstraints": {"resourceRules": [{
-                "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                "resources": ["pods"]}]},
-            "mutations": [{"patchType": "ApplyConfiguration",
-                           "applyConfiguration": {"expression": expression}}],
-        },
-    })
-    api.json("POST", f"{group}/mutatingadmissionpolicybindings", {
-        "metadata": {"name": "bench-sidecar"},
-        "spec": {"policyName": "bench-sidecar",
-                 "matchResources": {"namespaceSelector": {"matchLabels": {LABEL: "map"}}}},
-    })
+    plain_webhook(api, "bench-agnhost",
+                  f"https://127.0.0.1:{agnhost_port}/mutating-pods-sidecar", bundle, "agnhost")
+    # The floor: Splice's stack answering "allowed" with no patch (the same certificate).
+    plain_webhook(api, "bench-null", f"https://127.0.0.1:{null_port}/null", bundle, "null")
+    sidecar_map(api, "bench-sidecar", "map", SIDECAR)
 
 
 def create(api, arm):
@@ -103,9 +132,18 @@ def create(api, arm):
     return elapsed, text
 
 
-def injected(text):
+def expected(arm):
+    """The containers an arm adds."""
+    if arm in ("none", "null"):
+        return set()
+    if arm.endswith("10"):
+        return {c["name"] for c in TEN}
+    return {SIDECAR["name"]}
+
+
+def added(text):
     pod = json.loads(text)
-    return any(c.get("name") == SIDECAR["name"] for c in pod["spec"].get("containers", []))
+    return {c.get("name") for c in pod["spec"].get("containers", [])} - {"app"}
 
 
 def wait_live(api, timeout=60):
@@ -118,7 +156,7 @@ def wait_live(api, timeout=60):
                 _, text = create(api, arm)
             except RuntimeError:
                 continue
-            if injected(text) == (arm != "none"):
+            if added(text) == expected(arm):
                 pending.discard(arm)
         if pending and time.time() > deadline:
             raise RuntimeError(f"arms not live after {timeout}s: {sorted(pending)}")
@@ -149,6 +187,7 @@ def main():
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--agnhost-port", type=int, required=True)
     ap.add_argument("--agnhost-ca", required=True)
+    ap.add_argument("--null-port", type=int, required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sequential", type=int, default=100)
     ap.add_argument("--concurrent", type=int, default=8)
@@ -159,10 +198,10 @@ def main():
     args = ap.parse_args()
     global ARMS
     if args.baseline:
-        ARMS = ("none", "splice", "splice-before", "agnhost", "map")
+        ARMS = ("none", "null", "splice", "splice-before", "splice10", "agnhost", "map", "map10")
 
     api = Api(args.kubeconfig)
-    setup(api, args.agnhost_port, args.agnhost_ca)
+    setup(api, args.agnhost_port, args.agnhost_ca, args.null_port)
     wait_live(api)
     for arm in ARMS:  # warm every connection and cache once before measuring
         sequential(api, arm, 20)

@@ -2,11 +2,16 @@
 # `make bench-admission`: what one pod create pays for its mutating admission, measured through
 # the API server (server-side dry-run creates, nothing stored) on a control plane of its own, into
 # namespaces served by
-#   none    nothing (the baseline),
-#   splice  one InjectionPolicy of `splice run` (a --release build unless SPLICE_BIN is given),
-#   agnhost agnhost's Go sidecar webhook (/mutating-pods-sidecar),
-#   map     an in-tree MutatingAdmissionPolicy doing the same injection,
-# each adding the same sidecar container. admission.py interleaves the arms in rounds (sequential
+#   none     nothing (the baseline),
+#   null     a webhook answering "allowed" with no patch (Splice's stack, `splice webhook
+#            --null-handler`): the floor of any webhook,
+#   splice   one InjectionPolicy of `splice run` (a --release build unless SPLICE_BIN is given),
+#   splice10 ten InjectionPolicies selecting one namespace, each adding its own sidecar (one
+#            shared webhook entry),
+#   agnhost  agnhost's Go sidecar webhook (/mutating-pods-sidecar),
+#   map      an in-tree MutatingAdmissionPolicy doing the same injection as splice,
+#   map10    ten MutatingAdmissionPolicies doing what splice10 does,
+# each (but none and null) adding the same sidecar container; the ten-arms nine more. admission.py interleaves the arms in rounds (sequential
 # creates, then concurrent ones) and prints p50/p90/p99 per arm and what each adds over `none`.
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-admission), SPLICE_PORT_BASE (default
@@ -26,10 +31,10 @@ log() { echo "bench: $*" >&2; }
 python3 -c 'import yaml' 2>/dev/null || { log "python3 with PyYAML is required (apt-get install python3-yaml)"; exit 1; }
 command -v openssl >/dev/null || { log "openssl is required"; exit 1; }
 
-if [ -z "${SPLICE_BIN:-}" ]; then
-  (cd "$repo" && cargo build -q --release -p splice)
-  SPLICE_BIN=$repo/target/release/splice
-fi
+# The null arm's server is Splice's own stack with the benchmark-only routes.
+(cd "$repo" && cargo build -q --release -p splice --features bench-baselines)
+NULL_BIN=$repo/target/release/splice
+SPLICE_BIN=${SPLICE_BIN:-$NULL_BIN}
 "$cp_dir/build.sh" >/dev/null
 bin_dir=$("$cp_dir/build.sh" --print-bin-dir)
 kubectl="$bin_dir/kubectl"
@@ -85,8 +90,22 @@ agnhost_port=$(free_port)
   --port "$agnhost_port" --sidecar-image registry.invalid/sidecar:1 > "$repo/target/bench-admission-agnhost.log" 2>&1 &
 pids+=($!)
 
+# The null arm: `splice webhook` answering /null, with the same throw-away certificate.
+cat > "$work/policy.yaml" <<'YAML'
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: unused}
+spec:
+  template: {containers: [{name: unused, image: registry.invalid/unused:1}]}
+YAML
+null_port=$(free_port)
+SPLICE_LOG=warn "$NULL_BIN" webhook --policy "$work/policy.yaml" --tls-cert "$work/cert.pem" \
+  --tls-key "$work/key.pem" --listen "127.0.0.1:$null_port" --null-handler \
+  > "$repo/target/bench-admission-null.log" 2>&1 &
+pids+=($!)
+
 python3 "$repo/e2e/bench/admission.py" --kubeconfig "$KUBECONFIG" \
-  --agnhost-port "$agnhost_port" --agnhost-ca "$work/cert.pem" \
+  --agnhost-port "$agnhost_port" --agnhost-ca "$work/cert.pem" --null-port "$null_port" \
   --rounds "${ROUNDS:-5}" --sequential "${SEQUENTIAL:-100}" \
   --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"} \
   "${baseline[@]}"

@@ -748,16 +748,14 @@ async fn splice_killed_with_sigkill_and_restarted_converges_without_duplicates_o
     let mut s = Setup::start("restart").await?;
     let ns = s.app_namespace().await?;
     let names: Vec<String> = ["a", "b", "c"].iter().map(|n| s.policy(n)).collect();
+    // Different timeouts: one configuration each (policies under the same terms would share one).
+    let spec = |i: usize, image: &str| {
+        let mut spec = sidecar_spec(&s.instance, &format!("proxy-{i}"), image);
+        spec["timeoutSeconds"] = serde_json::json!(10 + i);
+        spec
+    };
     for (i, name) in names.iter().enumerate() {
-        s.apply(
-            name,
-            sidecar_spec(
-                &s.instance,
-                &format!("proxy-{i}"),
-                "registry.invalid/proxy:1",
-            ),
-        )
-        .await?;
+        s.apply(name, spec(i, "registry.invalid/proxy:1")).await?;
     }
     for name in &names {
         wait_policy(&s.client, name, "True", Duration::from_secs(30)).await?;
@@ -770,11 +768,8 @@ async fn splice_killed_with_sigkill_and_restarted_converges_without_duplicates_o
 
     s.splice.kill();
     // While Splice is down: a policy changes and a configuration is deleted by hand.
-    s.apply(
-        &names[0],
-        sidecar_spec(&s.instance, "proxy-0", "registry.invalid/proxy:2"),
-    )
-    .await?;
+    s.apply(&names[0], spec(0, "registry.invalid/proxy:2"))
+        .await?;
     let configs: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
     configs
         .delete(&format!("splice-{}", names[1]), &DeleteParams::default())

@@ -10,10 +10,22 @@ fn simulate(ws: &Workspace, policies: &[&str], pod_yaml: &str, extra: &[&str]) -
 
 /// A policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`.
 fn label_policy(name: &str, reinvocation: &str) -> String {
+    timed_label_policy(name, reinvocation, 10)
+}
+
+/// Like [`label_policy`], with a timeout: policies of different timeouts never share a webhook
+/// entry, so each is a webhook of its own.
+fn timed_label_policy(name: &str, reinvocation: &str, timeout: u32) -> String {
     format!(
         "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: {name}}}\n\
-         spec:\n  reinvocationPolicy: {reinvocation}\n  template:\n    labels: {{{name}: \"yes\"}}\n"
+         spec:\n  reinvocationPolicy: {reinvocation}\n  timeoutSeconds: {timeout}\n  template:\n    labels: {{{name}: \"yes\"}}\n"
     )
+}
+
+/// `env_policy` with a timeout of its own (a webhook entry of its own).
+fn timed_env_policy(name: &str, var: &str, value: &str, timeout: u32) -> String {
+    env_policy(name, var, value)
+        .replace("spec:\n", &format!("spec:\n  timeoutSeconds: {timeout}\n"))
 }
 
 #[test]
@@ -46,9 +58,9 @@ fn an_if_needed_webhook_is_called_again_after_a_later_change_and_a_never_one_is_
     let run = simulate(
         &ws,
         &[
-            &label_policy("a-first", "IfNeeded"),
-            &label_policy("b-never", "Never"),
-            &label_policy("c-last", "IfNeeded"),
+            &timed_label_policy("a-first", "IfNeeded", 1),
+            &timed_label_policy("b-never", "Never", 2),
+            &timed_label_policy("c-last", "IfNeeded", 3),
         ],
         &pod("web", "shop", "{app: web}"),
         &[],
@@ -87,8 +99,8 @@ fn all_orders_reports_two_policies_setting_the_same_env_var_differently() {
     let run = simulate(
         &ws,
         &[
-            &env_policy("debug-logs", "LOG_LEVEL", "debug"),
-            &env_policy("quiet-logs", "LOG_LEVEL", "warn"),
+            &timed_env_policy("debug-logs", "LOG_LEVEL", "debug", 1),
+            &timed_env_policy("quiet-logs", "LOG_LEVEL", "warn", 2),
         ],
         &pod("web", "shop", "{app: web}"),
         &["--all-orders"],
@@ -113,9 +125,9 @@ fn all_orders_reports_nothing_for_independent_policies() {
     let run = simulate(
         &ws,
         &[
-            &sidecar_policy("mesh", ""),
-            &env_policy("logging", "LOG_FORMAT", "json"),
-            &label_policy("team", "IfNeeded"),
+            &sidecar_policy("mesh", "  timeoutSeconds: 1"),
+            &timed_env_policy("logging", "LOG_FORMAT", "json", 2),
+            &timed_label_policy("team", "IfNeeded", 3),
         ],
         &pod("web", "shop", "{app: web}"),
         &["--all-orders"],
@@ -132,13 +144,13 @@ fn all_orders_reports_nothing_for_independent_policies() {
 fn all_orders_refuses_more_policies_than_it_can_replay() {
     let ws = Workspace::new();
     let many: Vec<String> = (0..9)
-        .map(|i| env_policy(&format!("p{i}"), &format!("V{i}"), "1"))
+        .map(|i| timed_env_policy(&format!("p{i}"), &format!("V{i}"), "1", i + 1))
         .collect();
     let many: Vec<&str> = many.iter().map(String::as_str).collect();
     let run = simulate(&ws, &many, &pod("web", "shop", "{}"), &["--all-orders"]);
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stdout.is_empty(), "{run:?}");
-    assert!(run.stderr.contains("at most 8 policies"), "{run:?}");
+    assert!(run.stderr.contains("at most 8 webhook entries"), "{run:?}");
 }
 
 #[test]
@@ -181,4 +193,47 @@ fn a_bad_policy_is_refused_with_nothing_on_stdout() {
     assert!(run.stdout.is_empty(), "{run:?}");
     assert!(run.stderr.contains("policy-0.yaml: document 1"), "{run:?}");
     assert!(run.stderr.contains("spec.timeoutSeconds"), "{run:?}");
+}
+
+#[test]
+fn policies_sharing_a_webhook_entry_apply_in_name_order_in_one_call_and_their_conflict_is_settled()
+{
+    let ws = Workspace::new();
+    let run = simulate(
+        &ws,
+        &[
+            &env_policy("quiet-logs", "LOG_LEVEL", "warn"),
+            &env_policy("debug-logs", "LOG_LEVEL", "debug"),
+        ],
+        &pod("web", "shop", "{app: web}"),
+        &["--all-orders"],
+    );
+    // Same terms: one entry, so one order; the first in name order sets the variable and the
+    // second keeps it, saying so.
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("one call, applying debug-logs → quiet-logs in that order"),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout.contains("order-independent: all 1 orders"),
+        "{run:?}"
+    );
+    let run = simulate(
+        &ws,
+        &[
+            &env_policy("quiet-logs", "LOG_LEVEL", "warn"),
+            &env_policy("debug-logs", "LOG_LEVEL", "debug"),
+        ],
+        &pod("web", "shop", "{app: web}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains(r#""value":"debug""#), "{run:?}");
+    assert!(!run.stdout.contains(r#""value":"warn""#), "{run:?}");
+    assert!(
+        run.stdout.contains("kept"),
+        "the skipped item is named: {run:?}"
+    );
 }

@@ -17,7 +17,8 @@ use splice_engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
 };
 
-use super::offline::{self, InputError, NamespaceArgs};
+use super::offline::{self, DEFAULT_SPLICE_NAMESPACE, InputError, NamespaceArgs};
+use splice_controller::policy::groups::{Member, Plan};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -92,6 +93,19 @@ pub(crate) struct PolicyInput {
     pub compiled: Result<CompiledPolicy, String>,
     /// The admission probe's last result, from the policy's status (online only).
     pub probe: Option<ProbeReport>,
+    /// The webhook configuration serving it, from its status (online only; offline it is
+    /// planned as Splice would).
+    pub entry: Option<String>,
+}
+
+/// The webhook entry that serves a policy, and the policies it applies in one call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct EntryReport {
+    /// The MutatingWebhookConfiguration's name.
+    pub configuration: String,
+    /// The policies the entry applies, in order (name order); this one alone when not shared.
+    pub order: Vec<String>,
 }
 
 /// The admission probe's last result for a policy: its Verified condition and `status.probe`.
@@ -181,6 +195,9 @@ pub(crate) struct PolicyReport {
     /// The admission probe's last result for the policy (online only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeReport>,
+    /// The webhook entry serving the policy (absent when none does: paused or invalid).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_entry: Option<EntryReport>,
 }
 
 /// The pure core shared by the online and offline paths. Fails only when the pod's
@@ -198,9 +215,11 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 .collect()
         })
         .unwrap_or_default();
+    let entries = entries_of(&inputs.policies);
     let mut policies = Vec::new();
     for p in &inputs.policies {
         let injected = provenance.remove(&p.name);
+        let webhook_entry = entries.get(&p.name).cloned();
         let report = match &p.compiled {
             Err(error) => PolicyReport {
                 name: p.name.clone(),
@@ -220,6 +239,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 },
                 injected,
                 probe: p.probe.clone(),
+                webhook_entry,
             },
             Ok(compiled) => {
                 let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
@@ -250,6 +270,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     injection: why::injection_state(compiled, &single),
                     injected,
                     probe: p.probe.clone(),
+                    webhook_entry,
                 }
             }
         };
@@ -265,6 +286,55 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
         policies,
         unknown_policies: provenance,
     })
+}
+
+/// Each served policy's webhook entry: as the statuses name them when they do (online), else as
+/// Splice would plan them (offline, failure policies as asked for).
+fn entries_of(policies: &[PolicyInput]) -> BTreeMap<String, EntryReport> {
+    let mut by_entry: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if policies.iter().any(|p| p.entry.is_some()) {
+        for p in policies {
+            if let Some(entry) = &p.entry
+                && !p.paused
+            {
+                by_entry
+                    .entry(entry.clone())
+                    .or_default()
+                    .push(p.name.clone());
+            }
+        }
+    } else {
+        let members = policies.iter().filter(|p| !p.paused).filter_map(|p| {
+            let spec = p.compiled.as_ref().ok()?.spec();
+            Some(Member {
+                name: p.name.clone(),
+                uid: p.name.clone(),
+                spec: spec.clone(),
+                failure_policy: spec.failure_policy,
+            })
+        });
+        let plan = Plan::new(members, &format!("{DEFAULT_SPLICE_NAMESPACE}/"));
+        for g in plan.groups() {
+            by_entry.insert(
+                g.configuration.clone(),
+                g.names().into_iter().map(str::to_owned).collect(),
+            );
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (configuration, mut order) in by_entry {
+        order.sort();
+        for name in &order {
+            out.insert(
+                name.clone(),
+                EntryReport {
+                    configuration: configuration.clone(),
+                    order: order.clone(),
+                },
+            );
+        }
+    }
+    out
 }
 
 fn render_table(report: &Report) -> String {
@@ -345,6 +415,23 @@ fn render_table(report: &Report) -> String {
     for p in &report.policies {
         if let Some(error) = &p.error {
             let _ = writeln!(out, "\n{}: {error}", p.name);
+        }
+    }
+    // Policies sharing one webhook entry are applied in one call, in a fixed order.
+    let mut shown: Vec<&str> = Vec::new();
+    for p in &report.policies {
+        if let Some(e) = &p.webhook_entry
+            && e.order.len() > 1
+            && !shown.contains(&e.configuration.as_str())
+        {
+            if shown.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "\nShared webhook entries (one call each, in this order):"
+                );
+            }
+            shown.push(&e.configuration);
+            let _ = writeln!(out, "  {}: {}", e.configuration, e.order.join(" → "));
         }
     }
     let probed: Vec<(&str, &ProbeReport)> = report
@@ -438,6 +525,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             paused: false,
             compiled: Ok(p.compiled),
             probe: None,
+            entry: None,
         })
         .collect();
     if !paused.is_empty() {
@@ -448,6 +536,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             paused: true,
             compiled: Ok(p.compiled),
             probe: None,
+            entry: None,
         }));
         policies.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -517,6 +606,10 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
                 .map_err(|e| e.to_string()),
                 paused: p.spec.paused,
                 probe: ProbeReport::from_status(p.status.as_ref()),
+                entry: p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.webhook_configuration.clone()),
                 name,
             }
         })
@@ -549,6 +642,7 @@ mod tests {
             paused,
             compiled: CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string()),
             probe: None,
+            entry: None,
         }
     }
 
@@ -714,5 +808,59 @@ mod tests {
         });
         let err = explain(&inputs("shop", pod, vec![])).unwrap_err();
         assert!(err.contains("splice.dev/status"), "{err}");
+    }
+
+    #[test]
+    fn policies_sharing_a_webhook_entry_are_shown_with_its_order() {
+        let sidecar = |c: &str| format!("template:\n  containers: [{{name: {c}, image: i}}]\n");
+        let pod = serde_json::json!({"metadata": {"name": "web"}, "spec": {"containers": []}});
+        let mut alone = sidecar("c");
+        alone.insert_str(0, "timeoutSeconds: 7\n");
+        let report = explain(&inputs(
+            "shop",
+            pod.clone(),
+            vec![
+                input("b-logs", &sidecar("b"), false),
+                input("a-mesh", &sidecar("a"), false),
+                input("c-alone", &alone, false),
+                input("d-paused", &sidecar("d"), true),
+            ],
+        ))
+        .unwrap();
+        let entry = |name: &str| {
+            report
+                .policies
+                .iter()
+                .find(|p| p.name == name)
+                .and_then(|p| p.webhook_entry.clone())
+        };
+        let shared = entry("a-mesh").unwrap();
+        assert_eq!(shared.order, ["a-mesh", "b-logs"]);
+        assert_eq!(entry("b-logs"), Some(shared.clone()));
+        assert_eq!(entry("c-alone").unwrap().configuration, "splice-c-alone");
+        assert_eq!(entry("d-paused"), None);
+        let table = render_table(&report);
+        assert!(
+            table.contains(&format!("{}: a-mesh → b-logs", shared.configuration)),
+            "{table}"
+        );
+
+        // Online, the statuses name the entries.
+        let mut online = vec![
+            input("b-logs", &sidecar("b"), false),
+            input("a-mesh", &sidecar("a"), false),
+        ];
+        for p in &mut online {
+            p.entry = Some("splice--group-0123456789".into());
+        }
+        let report = explain(&inputs("shop", pod, online)).unwrap();
+        assert_eq!(
+            report.policies[0]
+                .webhook_entry
+                .as_ref()
+                .unwrap()
+                .configuration,
+            "splice--group-0123456789"
+        );
     }
 }

@@ -216,8 +216,8 @@ impl Context<'_> {
             namespace: &namespace,
             exclusions: &exclusions,
         };
-        let order: Vec<usize> = (0..self.policies.len()).collect();
-        let (result, steps) = offline::run_chain(self.policies, &order, pod.clone(), admission)
+        let entries = offline::entries(self.policies, &self.args.namespace.splice_namespace);
+        let (result, steps) = offline::run_chain(self.policies, &entries, pod.clone(), admission)
             .map_err(|e| at.error(e.to_string()).with_subject(subject.clone()))?;
 
         let mut changed_by: Vec<&str> = Vec::new();

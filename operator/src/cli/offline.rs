@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
+use splice_controller::policy::groups::{Member, Plan};
 use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
 use splice_engine::{
     self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
@@ -650,9 +651,9 @@ pub(crate) fn call_webhook(
     Ok((step, next))
 }
 
-/// The API server's bookkeeping for its single reinvocation pass: a webhook's change marks every
-/// `IfNeeded` webhook called *before* it (never itself) to be called once more; a webhook whose
-/// selectors did not match was not called, so it is never marked.
+/// The API server's bookkeeping for its single reinvocation pass, by webhook entry: an entry's
+/// change marks every `IfNeeded` entry called *before* it (never itself) to be called once more;
+/// an entry whose selectors did not match was not called, so it is never marked.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Reinvocation {
     invoked: BTreeSet<usize>,
@@ -683,35 +684,87 @@ impl Reinvocation {
     }
 }
 
-/// Runs the whole chain in `order` (indexes into `policies`): the first pass, then the
+/// One webhook entry as Splice would write it: a policy alone, or the policies that share one
+/// entry and one call (see `splice_controller::policy::groups`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The MutatingWebhookConfiguration's name.
+    pub configuration: String,
+    /// Indexes into the policies, in the order the entry applies them (name order).
+    pub members: Vec<usize>,
+}
+
+/// The entries serving `policies`, in the order the API server calls them: by configuration
+/// name. Offline there is no availability guard, so the failure policy is the one asked for.
+pub(crate) fn entries(policies: &[LoadedPolicy], splice_namespace: &str) -> Vec<Entry> {
+    let members = policies.iter().map(|p| Member {
+        name: p.name.clone(),
+        uid: p.name.clone(),
+        spec: p.compiled.spec().clone(),
+        failure_policy: p.compiled.spec().failure_policy,
+    });
+    // A cluster's instance is its namespace and policy selector; offline there is no selector.
+    let plan = Plan::new(members, &format!("{splice_namespace}/"));
+    let index: BTreeMap<&str, usize> = policies
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.as_str(), i))
+        .collect();
+    let mut entries: Vec<Entry> = plan
+        .groups()
+        .iter()
+        .map(|g| Entry {
+            configuration: g.configuration.clone(),
+            members: g
+                .members
+                .iter()
+                .filter_map(|m| index.get(m.name.as_str()).copied())
+                .collect(),
+        })
+        .collect();
+    entries.sort_by(|a, b| a.configuration.cmp(&b.configuration));
+    entries
+}
+
+/// Runs the whole chain, calling `entries` in the order given: the first pass, then the
 /// reinvocation pass (a webhook is called at most twice per request, so changes made in that
-/// pass mark nothing). Returns the final object and every call.
+/// pass mark nothing). An entry applies its policies one after the other in one call, so a change
+/// by one of them never reinvokes another of the same entry. Returns the final object and every
+/// policy's call.
 pub(crate) fn run_chain(
     policies: &[LoadedPolicy],
-    order: &[usize],
+    entries: &[Entry],
     mut object: Value,
     admission: Admission<'_>,
 ) -> Result<(Value, Vec<Step>), ChainError> {
     let mut reinvocation = Reinvocation::default();
-    let mut steps = Vec::with_capacity(order.len());
-    for &index in order {
-        let policy = &policies[index];
-        let (step, next) = call_webhook(policy, index, Pass::First, &object, admission)?;
-        reinvocation.record(index, step.called(), step.changed, policy.reinvocation);
-        object = next.unwrap_or(object);
-        steps.push(step);
-    }
-    for &index in order {
-        if reinvocation.take(index) {
-            let (step, next) = call_webhook(
-                &policies[index],
-                index,
-                Pass::Reinvocation,
-                &object,
-                admission,
-            )?;
+    let mut steps = Vec::with_capacity(policies.len());
+    for (e, entry) in entries.iter().enumerate() {
+        let (mut called, mut changed) = (false, false);
+        for &index in &entry.members {
+            let policy = &policies[index];
+            let (step, next) = call_webhook(policy, index, Pass::First, &object, admission)?;
+            called |= step.called();
+            changed |= step.changed;
             object = next.unwrap_or(object);
             steps.push(step);
+        }
+        let policy = entry.members.first().map(|&i| policies[i].reinvocation);
+        reinvocation.record(e, called, changed, policy.unwrap_or_default());
+    }
+    for (e, entry) in entries.iter().enumerate() {
+        if reinvocation.take(e) {
+            for &index in &entry.members {
+                let (step, next) = call_webhook(
+                    &policies[index],
+                    index,
+                    Pass::Reinvocation,
+                    &object,
+                    admission,
+                )?;
+                object = next.unwrap_or(object);
+                steps.push(step);
+            }
         }
     }
     Ok((object, steps))

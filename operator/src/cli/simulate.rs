@@ -1,7 +1,9 @@
 //! `splice simulate`: replays the API server's mutating chain for one pod, with the webhook's own
-//! engine: every policy's webhook in name order, then one reinvocation pass for the `IfNeeded` ones
-//! a later webhook's change concerns. `--all-orders` replays every order and reports which
-//! policies' results depend on it, and where.
+//! engine: every webhook entry in configuration-name order (a shared entry applying its policies
+//! in name order, in one call), then one reinvocation pass for the `IfNeeded` ones a later
+//! entry's change concerns. `--all-orders` replays every order of the entries (the order within a
+//! shared entry is Splice's and never varies) and reports which policies' results depend on it,
+//! and where.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -12,12 +14,12 @@ use serde_json::Value;
 use splice_crds::{Operation, STATUS_ANNOTATION};
 
 use super::offline::{
-    self, Admission, ChainError, InputError, LoadedPolicy, NamespaceArgs, Outcome, Pass,
+    self, Admission, ChainError, Entry, InputError, LoadedPolicy, NamespaceArgs, Outcome, Pass,
     Reinvocation, Step, Subject, skip_text,
 };
 use super::offline_diff::{self, Depth, LogicalPath, Norm, Seg};
 
-/// `--all-orders` walks all n! orders. Webhook calls are shared between orders (see [`Explorer`]),
+/// `--all-orders` walks all n! orders of n webhook entries. Webhook calls are shared between orders (see [`Explorer`]),
 /// but the walk itself is n!: 8! = 40320 orders take a few seconds, 9! would take ten times that.
 const MAX_ALL_ORDERS_POLICIES: usize = 8;
 
@@ -94,34 +96,60 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
     for line in offline::pod_security_lines(&policies) {
         let _ = writeln!(out, "{line}");
     }
+    let entries = offline::entries(&policies, &args.namespace.splice_namespace);
+    render_entries(&policies, &entries, &mut out);
 
     if args.all_orders {
-        if policies.len() > MAX_ALL_ORDERS_POLICIES {
+        if entries.len() > MAX_ALL_ORDERS_POLICIES {
             return Err(InputError::file(
                 "--all-orders",
                 format!(
-                    "compares every order of at most {MAX_ALL_ORDERS_POLICIES} policies \
-                     ({} orders); got {} policies",
+                    "compares every order of at most {MAX_ALL_ORDERS_POLICIES} webhook entries \
+                     ({} orders); got {} entries",
                     factorial(MAX_ALL_ORDERS_POLICIES),
-                    policies.len()
+                    entries.len()
                 ),
             ));
         }
-        let analysis = all_orders(&policies, &subject, admission)?;
+        let analysis = all_orders(&policies, &entries, &subject, admission)?;
         let code = analysis.render(&policies, &mut out);
         return Ok((out, code, warnings));
     }
 
-    let order: Vec<usize> = (0..policies.len()).collect();
-    let (_, steps) = offline::run_chain(&policies, &order, subject.pod.clone(), admission)
+    let (_, steps) = offline::run_chain(&policies, &entries, subject.pod.clone(), admission)
         .map_err(|e| subject.error(e.to_string()))?;
     render_steps(&policies, &steps, &mut out);
     Ok((out, ExitCode::SUCCESS, warnings))
 }
 
+/// The webhook entries and the order the API server calls them in; a shared entry's policies are
+/// applied in one call, in name order, so their relative order is Splice's and never varies.
+fn render_entries(policies: &[LoadedPolicy], entries: &[Entry], out: &mut String) {
+    let _ = writeln!(
+        out,
+        "webhook entries in the API server's order (configuration name):"
+    );
+    for entry in entries {
+        let names: Vec<&str> = entry
+            .members
+            .iter()
+            .map(|&i| policies[i].name.as_str())
+            .collect();
+        if names.len() > 1 {
+            let _ = writeln!(
+                out,
+                "  {}: one call, applying {} in that order",
+                entry.configuration,
+                names.join(" → ")
+            );
+        } else {
+            let _ = writeln!(out, "  {}: {}", entry.configuration, names.join(""));
+        }
+    }
+}
+
 fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {
     let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
-    let _ = writeln!(out, "webhooks in name order: {}", names.join(", "));
     let mut changed_by: Vec<&str> = Vec::new();
     let mut announced_reinvocation = false;
     for (i, step) in steps.iter().enumerate() {
@@ -219,6 +247,7 @@ struct Call {
 /// assumed to give the same pod for the same items in another order.
 struct Explorer<'a> {
     policies: &'a [LoadedPolicy],
+    entries: &'a [Entry],
     admission: Admission<'a>,
     states: Vec<State>,
     by_canonical: HashMap<String, usize>,
@@ -233,11 +262,13 @@ struct Explorer<'a> {
 
 fn all_orders(
     policies: &[LoadedPolicy],
+    entries: &[Entry],
     subject: &Subject,
     admission: Admission<'_>,
 ) -> Result<Analysis, InputError> {
     let mut explorer = Explorer {
         policies,
+        entries,
         admission,
         states: Vec::new(),
         by_canonical: HashMap::new(),
@@ -249,8 +280,8 @@ fn all_orders(
         orders: 0,
     };
     let start = explorer.intern(subject.pod.clone());
-    let mut prefix = Vec::with_capacity(policies.len());
-    let mut remaining: Vec<usize> = (0..policies.len()).collect();
+    let mut prefix = Vec::with_capacity(entries.len());
+    let mut remaining: Vec<usize> = (0..entries.len()).collect();
     explorer.explore(start, &Reinvocation::default(), &mut prefix, &mut remaining);
 
     // The same failure in every order is not about order: it is a broken policy or pod.
@@ -323,6 +354,31 @@ impl Explorer<'_> {
         result
     }
 
+    /// Calls every policy of entry `e`, in its order, as one webhook call.
+    fn call_entry(&mut self, e: usize, mut state: usize) -> Result<Call, ChainError> {
+        let entries = self.entries;
+        let (mut called, mut changed) = (false, false);
+        for &index in &entries[e].members {
+            let call = self.call(index, state)?;
+            called |= call.called;
+            changed |= call.changed;
+            state = call.next;
+        }
+        Ok(Call {
+            called,
+            changed,
+            next: state,
+        })
+    }
+
+    /// An order of entries as the order of the policies they apply.
+    fn flat(&self, order: &[usize]) -> Vec<usize> {
+        order
+            .iter()
+            .flat_map(|&e| self.entries[e].members.iter().copied())
+            .collect()
+    }
+
     fn explore(
         &mut self,
         state: usize,
@@ -335,28 +391,28 @@ impl Explorer<'_> {
             return;
         }
         for i in 0..remaining.len() {
-            let index = remaining.remove(i);
-            prefix.push(index);
-            match self.call(index, state) {
+            let e = remaining.remove(i);
+            prefix.push(e);
+            match self.call_entry(e, state) {
                 Ok(call) => {
                     let mut next = reinvocation.clone();
-                    next.record(
-                        index,
-                        call.called,
-                        call.changed,
-                        self.policies[index].reinvocation,
-                    );
+                    let policy = self.entries[e]
+                        .members
+                        .first()
+                        .map(|&index| self.policies[index].reinvocation);
+                    next.record(e, call.called, call.changed, policy.unwrap_or_default());
                     self.explore(call.next, &next, prefix, remaining);
                 }
-                Err(e) => {
+                Err(err) => {
                     // Every completion of this prefix fails the same way.
                     let mut example = prefix.clone();
                     example.extend(remaining.iter().copied());
-                    self.add(Err(e), factorial(remaining.len()), example);
+                    let example = self.flat(&example);
+                    self.add(Err(err), factorial(remaining.len()), example);
                 }
             }
             prefix.pop();
-            remaining.insert(i, index);
+            remaining.insert(i, e);
         }
     }
 
@@ -366,23 +422,27 @@ impl Explorer<'_> {
         mut reinvocation: Reinvocation,
         order: &[usize],
     ) {
-        for &index in order {
-            if !reinvocation.take(index) {
+        let flat = self.flat(order);
+        let entries = self.entries;
+        for &e in order {
+            if !reinvocation.take(e) {
                 continue;
             }
-            match self.call(index, state) {
-                Ok(call) => state = call.next,
-                Err(e) => {
-                    let e = ChainError {
-                        message: format!("when reinvoked: {}", e.message),
-                        ..e
-                    };
-                    self.add(Err(e), 1, order.to_vec());
-                    return;
+            for &index in &entries[e].members {
+                match self.call(index, state) {
+                    Ok(call) => state = call.next,
+                    Err(err) => {
+                        let err = ChainError {
+                            message: format!("when reinvoked: {}", err.message),
+                            ..err
+                        };
+                        self.add(Err(err), 1, flat);
+                        return;
+                    }
                 }
             }
         }
-        self.add(Ok(state), 1, order.to_vec());
+        self.add(Ok(state), 1, flat);
     }
 
     fn add(&mut self, result: Result<usize, ChainError>, orders: u64, example: Vec<usize>) {

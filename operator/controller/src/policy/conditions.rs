@@ -114,6 +114,8 @@ pub struct Observation<'a> {
     /// The policies a shared webhook entry serves, in the order it applies them (this one among
     /// them); empty when the entry serves this policy alone.
     pub shared_with: &'a [String],
+    /// This policy's name.
+    pub policy: &'a str,
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -274,7 +276,7 @@ pub fn desired_status(
             condition::CONFLICTED,
             ConditionStatus::True,
             "ConflictingInjection",
-            &conflict_message(obs.conflicts),
+            &conflict_message(obs.conflicts, obs.policy, obs.shared_with),
         );
     }
 
@@ -297,11 +299,26 @@ pub fn desired_status(
     status
 }
 
-fn conflict_message(conflicts: &[Conflict]) -> String {
+/// The conflicts, and for each with a policy of the same shared entry, which one wins: the entry
+/// applies its policies in name order and a later one never overwrites an item already there.
+fn conflict_message(conflicts: &[Conflict], policy: &str, shared_with: &[String]) -> String {
     let mut parts: Vec<String> = conflicts
         .iter()
         .take(MAX_LISTED_CONFLICTS)
-        .map(ToString::to_string)
+        .map(|c| {
+            if !shared_with.contains(&c.other) {
+                return c.to_string();
+            }
+            let first = if policy < c.other.as_str() {
+                "this policy's"
+            } else {
+                "its"
+            };
+            format!(
+                "{c} (one shared webhook entry applies both, in name order: {first} {} wins)",
+                c.kind
+            )
+        })
         .collect();
     if conflicts.len() > MAX_LISTED_CONFLICTS {
         parts.push(format!(
@@ -454,6 +471,7 @@ mod tests {
             pod_security: Some(PodSecurityLevel::Baseline),
             warnings: &[],
             shared_with: &[],
+            policy: "p",
         }
     }
 
@@ -732,5 +750,27 @@ mod tests {
             None,
             "the same problem again is not a write"
         );
+    }
+
+    #[test]
+    fn a_conflict_within_one_shared_entry_says_which_policy_wins() {
+        let conflict = |other: &str| Conflict {
+            other: other.into(),
+            kind: ItemKind::Container,
+            item: "proxy".into(),
+        };
+        let shared = ["a".to_owned(), "m".to_owned(), "z".to_owned()];
+        let earlier = conflict_message(&[conflict("a")], "m", &shared);
+        assert!(
+            earlier.contains("in name order: its container wins"),
+            "{earlier}"
+        );
+        let later = conflict_message(&[conflict("z")], "m", &shared);
+        assert!(
+            later.contains("in name order: this policy's container wins"),
+            "{later}"
+        );
+        let elsewhere = conflict_message(&[conflict("q")], "m", &shared);
+        assert!(!elsewhere.contains("wins"), "{elsewhere}");
     }
 }

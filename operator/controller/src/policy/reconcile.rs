@@ -230,6 +230,7 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         pod_security: in_force.compiled().map(|c| c.pod_security().level),
         warnings: &warnings,
         shared_with: &shared_with,
+        policy: &name,
     };
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's: left out here, they are neither compared nor applied (so
