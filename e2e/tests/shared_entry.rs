@@ -28,7 +28,7 @@ fn member_spec(instance: &str, i: usize) -> Value {
         "env": [{"name": format!("FROM_{i:02}"), "value": "yes"}],
         "labels": {format!("p{i:02}.example/injected"): "true"},
     });
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         template["initContainers"] =
             json!([{"name": format!("init-{i:02}"), "image": "registry.invalid/init:1"}]);
     }

@@ -8,13 +8,8 @@ fn simulate(ws: &Workspace, policies: &[&str], pod_yaml: &str, extra: &[&str]) -
     cli_support::run_with_policies(ws, "simulate", policies, "pod.yaml", pod_yaml, extra)
 }
 
-/// A policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`.
-fn label_policy(name: &str, reinvocation: &str) -> String {
-    timed_label_policy(name, reinvocation, 10)
-}
-
-/// Like [`label_policy`], with a timeout: policies of different timeouts never share a webhook
-/// entry, so each is a webhook of its own.
+/// A policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`. Policies of
+/// different timeouts never share a webhook entry, so each is a webhook of its own.
 fn timed_label_policy(name: &str, reinvocation: &str, timeout: u32) -> String {
     format!(
         "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: {name}}}\n\
