@@ -182,6 +182,34 @@ def ms(seconds):
     return f"{seconds * 1000:.2f}"
 
 
+WEBHOOK_OF_ARM = {
+    "null": lambda n: n == "bench-null.bench.splice.dev",
+    "splice": lambda n: n == "bench-splice.splice.dev",
+    "splice-before": lambda n: n == "bench-splice-before.splice.dev",
+    "splice10": lambda n: n.startswith("group-") and n.endswith(".splice.dev"),
+    "agnhost": lambda n: n == "bench-agnhost.bench.splice.dev",
+}
+
+
+def webhook_calls(api):
+    """Per arm with a webhook: (calls, seconds) the API server measured calling it, from its own
+    apiserver_admission_webhook_admission_duration_seconds (CREATE, admit), since it started."""
+    status, text = api.call("GET", "/metrics")
+    out = {}
+    for line in text.decode().splitlines():
+        for suffix in ("_count{", "_sum{"):
+            prefix = "apiserver_admission_webhook_admission_duration_seconds" + suffix
+            if not line.startswith(prefix) or 'operation="CREATE"' not in line:
+                continue
+            name = line.split('name="', 1)[1].split('"', 1)[0]
+            value = float(line.rsplit(" ", 1)[1])
+            for arm, matches in WEBHOOK_OF_ARM.items():
+                if matches(name):
+                    calls, secs = out.get(arm, (0.0, 0.0))
+                    out[arm] = (calls + value, secs) if suffix == "_count{" else (calls, secs + value)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubeconfig", required=True)
@@ -231,6 +259,15 @@ def main():
                 a - b for a, b in zip(round_p50[(mode, arm)], round_p50[(mode, "none")]))
             lines.append(f"| {mode} | {arm} | {len(s)} | {ms(pct(s, 50))} | {ms(pct(s, 90))} | "
                          f"{ms(pct(s, 99))} | {'–' if arm == 'none' else ms(added)} |")
+    calls = webhook_calls(api)
+    lines.append("")
+    lines.append("| arm | webhook calls | per create | mean call ms (API server's measure) |")
+    lines.append("|---|---|---|---|")
+    creates = {arm: sum(len(samples[(m, arm)]) for m in modes) + 20 for arm in ARMS}
+    for arm in ARMS:
+        if arm in calls and calls[arm][0] > 0:
+            n, secs = calls[arm]
+            lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
     lines.append("")
     lines.append(
         f"{args.rounds} rounds, arms interleaved; per round and arm {args.sequential} sequential "
