@@ -153,6 +153,11 @@ pub(crate) enum OpValue<'x> {
     Item(&'x RItem<'x>),
     /// A new array of rendered items (the parent list was absent).
     Items(Vec<&'x RItem<'x>>),
+    /// An injected container, written with the mount of the pod's ServiceAccount token volume
+    /// (named here) that the API server's ServiceAccount plugin would add.
+    MountedItem(&'x RItem<'x>, &'x str),
+    /// A new array of injected containers, each written as [`OpValue::MountedItem`].
+    MountedItems(Vec<&'x RItem<'x>>, &'x str),
     Str(Text<'x>),
     /// A new object of string values (labels or annotations that were absent).
     StrMap(Vec<(Cow<'x, str>, Text<'x>)>),
@@ -177,6 +182,17 @@ impl OpValue<'_> {
                         out.byte(b',');
                     }
                     write_item(item, out)?;
+                }
+                out.byte(b']');
+            }
+            OpValue::MountedItem(item, volume) => write_mounted(item, volume, out)?,
+            OpValue::MountedItems(items, volume) => {
+                out.byte(b'[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.byte(b',');
+                    }
+                    write_mounted(item, volume, out)?;
                 }
                 out.byte(b']');
             }
@@ -221,6 +237,13 @@ impl OpValue<'_> {
         match self {
             OpValue::Item(i) => item(i),
             OpValue::Items(items) => 2 + items.iter().map(|i| item(i)).sum::<usize>(),
+            OpValue::MountedItem(i, _) => item(i) + TOKEN_MOUNT_LEN,
+            OpValue::MountedItems(items, _) => {
+                2 + items
+                    .iter()
+                    .map(|i| item(i) + TOKEN_MOUNT_LEN)
+                    .sum::<usize>()
+            }
             OpValue::Str(s) => s.len() + 2,
             OpValue::StrMap(entries) => {
                 2 + entries
@@ -231,6 +254,44 @@ impl OpValue<'_> {
             OpValue::EmptyObject => 2,
         }
     }
+}
+
+/// Where the API server's ServiceAccount admission plugin mounts the token in every container.
+pub(crate) const TOKEN_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// About the length of the mount written by [`write_mounted`].
+const TOKEN_MOUNT_LEN: usize = 128;
+
+/// `item` (a container) with the token mount appended, unless it mounts something at that path
+/// already: exactly what the ServiceAccount plugin adds when it runs again after the webhooks.
+/// Without it the plugin would change the object after this webhook, and the API server would
+/// call every `IfNeeded` webhook a second time for each pod.
+fn write_mounted(
+    item: &RItem<'_>,
+    volume: &str,
+    out: &mut Writer,
+) -> Result<(), serde_json::Error> {
+    let mounts = item.value.get("volumeMounts").and_then(Value::as_array);
+    let mounted = mounts.is_some_and(|m| {
+        m.iter()
+            .any(|v| v.get("mountPath").and_then(Value::as_str) == Some(TOKEN_MOUNT_PATH))
+    });
+    if mounted || !item.value.is_object() {
+        return write_item(item, out);
+    }
+    let mut value = item.value.as_ref().clone();
+    let mount =
+        serde_json::json!({"name": volume, "readOnly": true, "mountPath": TOKEN_MOUNT_PATH});
+    if let Some(list) = value
+        .as_object_mut()
+        .map(|c| {
+            c.entry("volumeMounts")
+                .or_insert_with(|| Value::Array(Vec::new()))
+        })
+        .and_then(Value::as_array_mut)
+    {
+        list.push(mount);
+    }
+    out.value(&value)
 }
 
 fn write_item(item: &RItem<'_>, out: &mut Writer) -> Result<(), serde_json::Error> {

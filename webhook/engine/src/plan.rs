@@ -380,6 +380,9 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         p.env_and_mounts(spec, raw, &others, &mut spec_ops)?;
         p.containers(spec, raw, &occupied, &mut spec_ops)?;
         p.volumes(spec, raw, &mut spec_ops)?;
+        if let Some(volume) = token_volume(spec) {
+            with_token_mount(&mut spec_ops, volume);
+        }
         if !spec_ops.is_empty() && spec.is_none() {
             spec_ops.insert(0, Op::Add(Path::Fixed("/spec"), OpValue::EmptyObject));
         }
@@ -424,6 +427,38 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         warnings.insert(0, summary);
     }
     Ok(Plan { ops, warnings })
+}
+
+/// The pod's ServiceAccount token volume, as the API server's ServiceAccount plugin names it
+/// (`kube-api-access-<suffix>`; the first one, as the plugin takes it).
+fn token_volume<'x>(spec: Option<&'x SpecFacts<'x>>) -> Option<&'x str> {
+    spec?
+        .volumes
+        .as_deref()?
+        .iter()
+        .map(AsRef::as_ref)
+        .find(|v: &&str| v.starts_with("kube-api-access-"))
+}
+
+/// Injected containers and init containers get the token mount the ServiceAccount plugin gives
+/// every container, at `/var/run/secrets/kubernetes.io/serviceaccount`.
+fn with_token_mount<'x>(ops: &mut [Op<'x>], volume: &'x str) {
+    for op in ops {
+        let Op::Add(path, value) = op else { continue };
+        let containers = matches!(
+            path,
+            Path::Fixed("/spec/containers" | "/spec/containers/-" | "/spec/initContainers")
+                | Path::Index("/spec/initContainers", _)
+        );
+        if !containers {
+            continue;
+        }
+        *value = match std::mem::replace(value, OpValue::EmptyObject) {
+            OpValue::Item(item) => OpValue::MountedItem(item, volume),
+            OpValue::Items(items) => OpValue::MountedItems(items, volume),
+            other => other,
+        };
+    }
 }
 
 /// One plan while its lists are planned in turn.

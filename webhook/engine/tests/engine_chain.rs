@@ -229,3 +229,71 @@ fn a_single_policy_answers_with_its_own_patch() {
     assert_eq!(chained.patch, alone.patch);
     assert_eq!(once, by_itself);
 }
+
+/// A pod as it reaches webhooks: the ServiceAccount plugin has added its token volume and mounted
+/// it in the pod's own containers.
+fn pod_with_token() -> Value {
+    let mount = json!({"name": "kube-api-access-x7k2p", "readOnly": true,
+                       "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"});
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {
+            "containers": [{"name": "app", "image": "app:1", "volumeMounts": [mount]}],
+            "volumes": [{"name": "kube-api-access-x7k2p", "projected": {"sources": []}}]
+        }
+    })
+}
+
+fn token_mounts(container: &Value) -> usize {
+    container["volumeMounts"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount")
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn injected_containers_get_the_token_mount_the_service_account_plugin_would_add() {
+    let (mesh, logs) = (mesh(), logs());
+    let (_, once) = chain(&[&mesh, &logs], &pod_with_token(), Selection::Evaluate);
+    for list in ["initContainers", "containers"] {
+        for c in once["spec"][list].as_array().unwrap() {
+            assert_eq!(token_mounts(c), 1, "{list}: {c}");
+            let last = c["volumeMounts"].as_array().unwrap().last().unwrap();
+            if c["name"] != "app" {
+                assert_eq!(last["name"], "kube-api-access-x7k2p", "appended last: {c}");
+                assert_eq!(last["readOnly"], true);
+            }
+        }
+    }
+    // The ServiceAccount plugin, run again, would change nothing; neither would the policies.
+    let (again, _) = chain(&[&mesh, &logs], &once, Selection::Evaluate);
+    assert!(!again.changed, "{}", String::from_utf8_lossy(&again.patch));
+}
+
+#[test]
+fn without_a_token_volume_or_with_a_mount_of_its_own_nothing_is_added() {
+    let mesh = mesh();
+    let (_, plain) = chain(&[&mesh], &pod(json!({})), Selection::Evaluate);
+    assert!(
+        plain["spec"]["containers"][1].get("volumeMounts").is_none(),
+        "{plain}"
+    );
+
+    let own = named(
+        "a-own",
+        "  template:
+    containers:
+    - name: agent
+      image: agent:1
+      volumeMounts: [{name: creds, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]",
+    );
+    let (_, mounted) = chain(&[&own], &pod_with_token(), Selection::Evaluate);
+    let agent = &mounted["spec"]["containers"][1];
+    assert_eq!(token_mounts(agent), 1, "{agent}");
+    assert_eq!(agent["volumeMounts"][0]["name"], "creds");
+}
