@@ -309,6 +309,17 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
     if let Some(v) = splice_crds::validate_policy(&object).into_iter().next() {
         return Err(at(v.message).with_field(v.field));
     }
+    // As Splice's validating webhook refuses it at apply.
+    if spec.mode == splice_crds::Mode::InTree
+        && let Err(why) = compiled.in_tree()
+    {
+        return Err(at(format!(
+            "spec.mode is InTree, but {}: {}",
+            why.expression.as_deref().unwrap_or("this field"),
+            why.reason
+        ))
+        .with_field(why.field));
+    }
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,

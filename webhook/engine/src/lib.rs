@@ -15,6 +15,7 @@ use splice_crds::{
 mod cache;
 pub mod explain;
 mod facts;
+pub mod intree;
 mod patch;
 mod plan;
 pub mod podsecurity;
@@ -26,6 +27,7 @@ mod view;
 pub mod warnings;
 pub(crate) mod wire;
 
+pub use intree::{CelVariable, InTreeProgram, WebhookOnly};
 pub use podsecurity::PodSecurity;
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};

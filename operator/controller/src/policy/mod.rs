@@ -5,6 +5,8 @@
 
 pub mod conditions;
 pub mod conflicts;
+pub mod intree;
+pub mod intree_apply;
 pub mod neighbours;
 pub mod reconcile;
 #[cfg(test)]

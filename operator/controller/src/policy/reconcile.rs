@@ -25,6 +25,7 @@ use super::conditions::{
     planned_events,
 };
 use super::conflicts::conflicts_of;
+use super::{intree, intree_apply};
 use super::render::{
     RenderContext, RenderError, is_up_to_date, render, webhook_configuration_name,
 };
@@ -51,6 +52,13 @@ pub enum Error {
     Read { name: String, source: kube::Error },
     #[error("writing the status of policy {name}: {source}")]
     Status { name: String, source: kube::Error },
+    #[error("{action} {kind} {name}: {source}")]
+    InTree {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -64,6 +72,7 @@ impl Error {
             Error::Remove { .. } => "remove_error",
             Error::Read { .. } => "read_error",
             Error::Status { .. } => "status_error",
+            Error::InTree { .. } => "in_tree_error",
         }
     }
 }
@@ -134,8 +143,12 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         }),
         InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
     };
+    let mode = intree::decide(served.spec.mode, in_force.compiled());
     let guard = ctx.guard.borrow().clone();
-    let failure_policy = effective_failure_policy(served.spec.failure_policy, &guard);
+    let failure_policy = match &mode.program {
+        Some(_) => intree::failure_policy(served.spec.failure_policy),
+        None => effective_failure_policy(served.spec.failure_policy, &guard),
+    };
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
     drop(all);
@@ -143,13 +156,15 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
 
     let mut failure = None;
     let mut restored = None;
+    // Set while a newly written path settles: the old one goes at the next pass.
+    let mut settling = None;
     let outcome = if policy.spec.paused {
-        match ensure_absent(ctx, policy, &configuration).await {
+        match remove_both(ctx, policy, &configuration).await {
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else if let InForce::Nothing(error) = &in_force {
-        match ensure_absent(ctx, policy, &configuration).await {
+        match remove_both(ctx, policy, &configuration).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
                 reason: invalid_reason(error),
@@ -158,7 +173,37 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else {
-        match ensure_applied(ctx, &served, failure_policy.effective).await {
+        // The new path first; the old one only once the new one has settled in the API server.
+        let applied = match &mode.program {
+            Some(program) => {
+                let drift = policy.status.as_ref().is_some_and(|s| {
+                    s.observed_generation == policy.metadata.generation
+                        && s.mode == Some(splice_crds::Mode::InTree)
+                });
+                match intree_apply::ensure(ctx, &served, program, drift).await {
+                    Ok((event, created)) => {
+                        settling = intree_apply::still_settling(created, Timestamp::now());
+                        match settling {
+                            Some(_) => Ok(event),
+                            None => ensure_absent(ctx, policy, &configuration).await.map(|()| event),
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            None => match ensure_applied(ctx, &served, failure_policy.effective).await {
+                Ok(change) if intree_apply::exists(ctx, policy).await? => {
+                    let created = intree_apply::webhook_created(ctx, &configuration).await?;
+                    settling = intree_apply::still_settling(created, Timestamp::now());
+                    if settling.is_none() {
+                        intree_apply::remove(ctx, policy).await?;
+                    }
+                    Ok(change)
+                }
+                other => other,
+            },
+        };
+        match applied {
             Ok(change) => {
                 restored = change.filter(|_| was_applied_at_this_generation(policy));
                 match &in_force {
@@ -201,7 +246,13 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         crate::verdict::strip(&mut s);
         s
     });
-    let mut status = desired_status(current.as_ref(), &observation, Timestamp::now());
+    let now = Timestamp::now();
+    let mut status = desired_status(current.as_ref(), &observation, now);
+    let served_somehow = matches!(
+        outcome,
+        WebhookOutcome::Applied { .. } | WebhookOutcome::Held { .. }
+    );
+    intree::apply_status(&mut status, &mode, served_somehow, generation, now);
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
@@ -217,8 +268,14 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
 
     match failure {
         Some(e) => Err(e),
-        None => Ok(Action::requeue(RESYNC)),
+        None => Ok(Action::requeue(settling.unwrap_or(RESYNC))),
     }
+}
+
+/// Removes both paths: the webhook configuration and the in-tree admission policy and binding.
+async fn remove_both(ctx: &Context, policy: &InjectionPolicy, name: &str) -> Result<(), Error> {
+    ensure_absent(ctx, policy, name).await?;
+    intree_apply::remove(ctx, policy).await.map(|_| ())
 }
 
 /// The Ready reason for a policy that does not compile.
