@@ -205,16 +205,19 @@ fn reference(expr: &str) -> Result<String, String> {
     })?;
     let p: Vec<&str> = path.iter().map(String::as_str).collect();
     match p.as_slice() {
+        // `string()` types the value for the literal lists and maps around it (the API server's
+        // CEL sees the metadata maps' values as dyn); on a string it is the identity, and a
+        // missing key still fails the expression as an undefined value fails the template.
         ["namespace", "name"] => Ok("request.namespace".into()),
         ["namespace", map @ ("labels" | "annotations"), key] => Ok(format!(
-            "namespaceObject.metadata.{map}[{}]",
+            "string(namespaceObject.metadata.{map}[{}])",
             cel_string(key)
         )),
         ["pod", "metadata", field @ ("name" | "generateName" | "namespace")] => {
-            Ok(format!("object.metadata.{field}"))
+            Ok(format!("string(object.metadata.{field})"))
         }
         ["pod", "metadata", map @ ("labels" | "annotations"), key] => {
-            Ok(format!("object.metadata.{map}[{}]", cel_string(key)))
+            Ok(format!("string(object.metadata.{map}[{}])", cel_string(key)))
         }
         _ => Err(format!(
             "reads {}, which the in-tree form does not read (it reads the namespace's name, \

@@ -220,6 +220,14 @@ pub fn apply_status(
 ) {
     status.mode = served.then_some(decision.effective);
     let (s, reason, message) = match (&decision.effective, &decision.webhook_only) {
+        (Mode::InTree, _) if !served => {
+            status.webhook_configuration = None;
+            (
+                ConditionStatus::False,
+                "NotInForce",
+                "The policy has an in-tree form, but it is not in force: see Ready.".to_owned(),
+            )
+        }
         (Mode::InTree, _) => {
             let name = status
                 .webhook_configuration
