@@ -20,18 +20,24 @@ use kube::{Client, ResourceExt};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{FailurePolicy, InjectionPolicy, Mode};
-use splice_e2e::{AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, wait_dry_run, wait_until};
+use splice_e2e::{
+    AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, wait_dry_run, wait_until,
+};
 
 /// Waits until the policy is Ready for its generation with `status.mode == mode`.
 async fn wait_mode(client: &Client, name: &str, mode: Mode) -> Result<InjectionPolicy> {
     let api: Api<InjectionPolicy> = Api::all(client.clone());
-    let ok = wait_until(Duration::from_secs(45), &format!("{name} in mode {mode:?}"), || async {
-        let p = api.get(name).await?;
-        let s = p.status.clone().unwrap_or_default();
-        Ok(s.observed_generation == p.metadata.generation
-            && s.mode == Some(mode)
-            && condition(&p, "Ready").is_some_and(|c| c.status == "True"))
-    })
+    let ok = wait_until(
+        Duration::from_secs(45),
+        &format!("{name} in mode {mode:?}"),
+        || async {
+            let p = api.get(name).await?;
+            let s = p.status.clone().unwrap_or_default();
+            Ok(s.observed_generation == p.metadata.generation
+                && s.mode == Some(mode)
+                && condition(&p, "Ready").is_some_and(|c| c.status == "True"))
+        },
+    )
     .await;
     let last = api.get(name).await?;
     ok.with_context(|| format!("last status: {:?}", last.status))?;
@@ -72,12 +78,17 @@ async fn the_example_policy_runs_in_tree_under_auto_with_no_webhook_configuratio
         condition(&p, "InTree").map(|c| c.reason.as_str()),
         Some("InTree")
     );
-    assert_eq!(in_tree_objects(&s.client, &name).await?, (true, true, false));
+    assert_eq!(
+        in_tree_objects(&s.client, &name).await?,
+        (true, true, false)
+    );
     let map = Api::<MutatingAdmissionPolicy>::all(s.client.clone())
         .get(&format!("splice-{name}"))
         .await?;
     assert_eq!(
-        map.labels().get("app.kubernetes.io/managed-by").map(String::as_str),
+        map.labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
         Some("splice")
     );
     assert_eq!(
@@ -184,7 +195,7 @@ fn corpus_pod(i: usize) -> Value {
     labels.insert("corpus".into(), json!("yes"));
     meta.insert("labels".into(), Value::Object(labels));
     let mut annotations = serde_json::Map::new();
-    if i % 10 != 0 {
+    if !i.is_multiple_of(10) {
         annotations.insert("owner".into(), json!(format!("team-{}", i % 3)));
     }
     if i % 6 == 2 {
@@ -216,15 +227,24 @@ fn corpus_pod(i: usize) -> Value {
     spec.insert("containers".into(), Value::Array(containers));
     match i % 5 {
         1 => {
-            spec.insert("initContainers".into(), json!([{"name": "setup", "image": "registry.invalid/s:1"}]));
+            spec.insert(
+                "initContainers".into(),
+                json!([{"name": "setup", "image": "registry.invalid/s:1"}]),
+            );
         }
         2 => {
-            spec.insert("initContainers".into(), json!([
+            spec.insert(
+                "initContainers".into(),
+                json!([
                 {"name": "own-sidecar", "image": "registry.invalid/o:1", "restartPolicy": "Always"},
-                {"name": "setup", "image": "registry.invalid/s:1"}]));
+                {"name": "setup", "image": "registry.invalid/s:1"}]),
+            );
         }
         3 => {
-            spec.insert("initContainers".into(), json!([{"name": "diff-init", "image": "registry.invalid/author-init:1"}]));
+            spec.insert(
+                "initContainers".into(),
+                json!([{"name": "diff-init", "image": "registry.invalid/author-init:1"}]),
+            );
         }
         _ => {}
     }
@@ -246,9 +266,13 @@ const CORPUS: usize = 60;
 /// Waits until a dry run of a corpus pod that every template renders for comes back injected.
 async fn wait_corpus_injected(ns: &TestNamespace) -> Result<()> {
     let probe: Pod = serde_json::from_value(corpus_pod(1))?;
-    wait_dry_run(&ns.api::<Pod>(), &probe, Duration::from_secs(30), "the corpus injected", |p| {
-        container_names(p).iter().any(|c| c == "diff-side")
-    })
+    wait_dry_run(
+        &ns.api::<Pod>(),
+        &probe,
+        Duration::from_secs(30),
+        "the corpus injected",
+        |p| container_names(p).iter().any(|c| c == "diff-side"),
+    )
     .await
 }
 
@@ -275,7 +299,13 @@ async fn create_corpus(ns: &TestNamespace) -> Result<BTreeMap<usize, Value>> {
 
 fn normalize(mut pod: Value, namespace: &str) -> Result<Value> {
     if let Some(meta) = pod["metadata"].as_object_mut() {
-        for k in ["uid", "resourceVersion", "creationTimestamp", "managedFields", "generation"] {
+        for k in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+        ] {
             meta.remove(k);
         }
         if meta.contains_key("generateName") {
@@ -307,20 +337,23 @@ async fn differential_the_same_corpus_through_the_webhook_and_in_tree_stores_ide
     let mut s = Setup::start("intree-diff").await?;
     let name = s.policy("diff");
     let team = [("team", "blue")];
-    let ns_webhook =
-        TestNamespace::create("e2e-app", &[(&s.instance, "on"), team[0]]).await?;
+    let ns_webhook = TestNamespace::create("e2e-app", &[(&s.instance, "on"), team[0]]).await?;
     let ns_intree = TestNamespace::create("e2e-app", &[(&s.instance, "on"), team[0]]).await?;
 
-    s.apply(&name, differential_spec(&s.instance, "Webhook")).await?;
+    s.apply(&name, differential_spec(&s.instance, "Webhook"))
+        .await?;
     wait_mode(&s.client, &name, Mode::Webhook).await?;
     wait_corpus_injected(&ns_webhook).await?;
     let through_webhook = create_corpus(&ns_webhook).await?;
 
-    s.apply(&name, differential_spec(&s.instance, "InTree")).await?;
+    s.apply(&name, differential_spec(&s.instance, "InTree"))
+        .await?;
     wait_mode(&s.client, &name, Mode::InTree).await?;
-    wait_until(Duration::from_secs(30), "the webhook configuration removed", || async {
-        Ok(in_tree_objects(&s.client, &name).await? == (true, true, false))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "the webhook configuration removed",
+        || async { Ok(in_tree_objects(&s.client, &name).await? == (true, true, false)) },
+    )
     .await?;
     // Nothing but the API server may inject from here on.
     s.splice.kill();
@@ -332,9 +365,7 @@ async fn differential_the_same_corpus_through_the_webhook_and_in_tree_stores_ide
     for (i, w) in &through_webhook {
         let t = &in_tree[i];
         if w != t {
-            differences.push(format!(
-                "pod {i}:\n  webhook: {w}\n  in-tree: {t}"
-            ));
+            differences.push(format!("pod {i}:\n  webhook: {w}\n  in-tree: {t}"));
         }
         if w["metadata"]["annotations"]["splice.dev/status"]
             .as_str()
@@ -349,7 +380,10 @@ async fn differential_the_same_corpus_through_the_webhook_and_in_tree_stores_ide
         differences.len(),
         differences.join("\n")
     );
-    ensure!(injected >= CORPUS * 2 / 3, "only {injected} pods were injected");
+    ensure!(
+        injected >= CORPUS * 2 / 3,
+        "only {injected} pods were injected"
+    );
     println!("differential: {CORPUS} pods identical, {injected} injected");
     Ok(())
 }
@@ -370,9 +404,13 @@ async fn a_filter_keeps_the_webhook_under_auto_and_in_tree_is_refused_at_apply_n
     s.apply(&name, spec("Auto")).await?;
     let p = wait_mode(&s.client, &name, Mode::Webhook).await?;
     let c = condition(&p, "InTree").context("InTree condition")?;
-    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "NeedsWebhook"));
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "NeedsWebhook")
+    );
     assert!(
-        c.message.contains("spec.template.containers[0].env[0].value")
+        c.message
+            .contains("spec.template.containers[0].env[0].value")
             && c.message.contains("{{ namespace.name | upper }}"),
         "{}",
         c.message
@@ -381,23 +419,29 @@ async fn a_filter_keeps_the_webhook_under_auto_and_in_tree_is_refused_at_apply_n
 
     // The validating webhook is loaded asynchronously: retry until it answers.
     let refused = std::sync::Mutex::new(String::new());
-    wait_until(Duration::from_secs(30), "InTree refused at apply", || async {
-        match s.apply(&s.policy("upper-intree"), spec("InTree")).await {
-            Ok(()) => {
-                let api: Api<InjectionPolicy> = Api::all(s.client.clone());
-                let _ = api.delete(&s.policy("upper-intree"), &Default::default()).await;
-                Ok(false)
-            }
-            Err(e) => {
-                let m = format!("{e:#}");
-                let done = m.contains("spec.mode is InTree");
-                if let Ok(mut r) = refused.lock() {
-                    *r = m;
+    wait_until(
+        Duration::from_secs(30),
+        "InTree refused at apply",
+        || async {
+            match s.apply(&s.policy("upper-intree"), spec("InTree")).await {
+                Ok(()) => {
+                    let api: Api<InjectionPolicy> = Api::all(s.client.clone());
+                    let _ = api
+                        .delete(&s.policy("upper-intree"), &Default::default())
+                        .await;
+                    Ok(false)
                 }
-                Ok(done)
+                Err(e) => {
+                    let m = format!("{e:#}");
+                    let done = m.contains("spec.mode is InTree");
+                    if let Ok(mut r) = refused.lock() {
+                        *r = m;
+                    }
+                    Ok(done)
+                }
             }
-        }
-    })
+        },
+    )
     .await?;
     let message = refused.lock().map(|m| m.clone()).unwrap_or_default();
     assert!(
@@ -423,7 +467,11 @@ async fn fail_in_tree_is_in_force_at_once_and_pods_are_injected_with_splice_stop
     assert_eq!(status.effective_failure_policy, Some(FailurePolicy::Fail));
     let fc = condition(&p, "FailClosed").context("FailClosed")?;
     assert_eq!(fc.status, "True");
-    assert!(fc.message.contains("no availability guard"), "{}", fc.message);
+    assert!(
+        fc.message.contains("no availability guard"),
+        "{}",
+        fc.message
+    );
     let ns = s.app_namespace().await?;
     wait_injecting(&s.client, &ns.name, &[], "proxy").await?;
 
@@ -482,7 +530,10 @@ async fn switching_webhook_to_in_tree_and_back_at_ten_pods_a_second_injects_ever
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 tick.tick().await;
                 let p = pods
-                    .create(&PostParams::default(), &pod(&format!("s-{i}"), &[("app", "s")]))
+                    .create(
+                        &PostParams::default(),
+                        &pod(&format!("s-{i}"), &[("app", "s")]),
+                    )
                     .await;
                 created.push(p);
                 i += 1;
@@ -493,9 +544,11 @@ async fn switching_webhook_to_in_tree_and_back_at_ten_pods_a_second_injects_ever
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.apply(&name, spec("InTree")).await?;
     wait_mode(&s.client, &name, Mode::InTree).await?;
-    wait_until(Duration::from_secs(30), "webhook configuration gone", || async {
-        Ok(in_tree_objects(&s.client, &name).await? == (true, true, false))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "webhook configuration gone",
+        || async { Ok(in_tree_objects(&s.client, &name).await? == (true, true, false)) },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.apply(&name, spec("Webhook")).await?;
@@ -513,16 +566,16 @@ async fn switching_webhook_to_in_tree_and_back_at_ten_pods_a_second_injects_ever
         match r {
             Ok(p) => {
                 let c = copies(p, &["proxy"], &["native"]);
-                ensure!(
-                    c.iter().all(|(_, n)| *n == 1),
-                    "{}: {c:?}",
-                    p.name_any()
-                );
+                ensure!(c.iter().all(|(_, n)| *n == 1), "{}: {c:?}", p.name_any());
             }
             Err(e) => refused.push(e.to_string()),
         }
     }
-    ensure!(refused.is_empty(), "{} creates refused: {refused:?}", refused.len());
+    ensure!(
+        refused.is_empty(),
+        "{} creates refused: {refused:?}",
+        refused.len()
+    );
     ensure!(total >= 60, "only {total} pods created during the switches");
     println!("mode switch: {total} pods, each injected exactly once");
     Ok(())
@@ -535,16 +588,24 @@ async fn two_in_tree_policies_and_a_webhook_policy_with_agnhost_add_label_inject
     let ns = s.app_namespace().await?;
     let selector = json!({"matchLabels": {s.instance.clone(): "on"}});
     let (a, b, c) = (s.policy("a"), s.policy("b"), s.policy("c"));
-    s.apply(&a, json!({"mode": "Auto", "namespaceSelector": selector, "reinvocationPolicy": "IfNeeded",
+    s.apply(
+        &a,
+        json!({"mode": "Auto", "namespaceSelector": selector, "reinvocationPolicy": "IfNeeded",
         "template": {"containers": [{"name": "sidecar-a", "image": "registry.invalid/a:1"}],
                      "env": [{"name": "FROM_A", "value": "{{ namespace.name }}"}],
-                     "volumes": [{"name": "vol-a", "emptyDir": {}}]}})).await?;
+                     "volumes": [{"name": "vol-a", "emptyDir": {}}]}}),
+    )
+    .await?;
     s.apply(&b, json!({"mode": "Auto", "namespaceSelector": selector, "reinvocationPolicy": "IfNeeded",
         "template": {"initContainers": [{"name": "init-b", "image": "registry.invalid/b:1", "restartPolicy": "Always"}],
                      "labels": {"injected-by-b": "yes"}}})).await?;
-    s.apply(&c, json!({"mode": "Webhook", "namespaceSelector": selector, "reinvocationPolicy": "IfNeeded",
+    s.apply(
+        &c,
+        json!({"mode": "Webhook", "namespaceSelector": selector, "reinvocationPolicy": "IfNeeded",
         "template": {"containers": [{"name": "sidecar-c", "image": "registry.invalid/c:1"}],
-                     "env": [{"name": "FROM_C", "value": "1"}]}})).await?;
+                     "env": [{"name": "FROM_C", "value": "1"}]}}),
+    )
+    .await?;
     wait_mode(&s.client, &a, Mode::InTree).await?;
     wait_mode(&s.client, &b, Mode::InTree).await?;
     wait_mode(&s.client, &c, Mode::Webhook).await?;
@@ -563,7 +624,9 @@ async fn two_in_tree_policies_and_a_webhook_policy_with_agnhost_add_label_inject
                     name: "add-label.e2e.splice.dev".into(),
                     client_config: WebhookClientConfig {
                         url: Some(format!("https://127.0.0.1:{}/add-label", agnhost.port)),
-                        ca_bundle: Some(k8s_openapi::ByteString(agnhost.ca_pem.clone().into_bytes())),
+                        ca_bundle: Some(k8s_openapi::ByteString(
+                            agnhost.ca_pem.clone().into_bytes(),
+                        )),
                         ..Default::default()
                     },
                     rules: Some(vec![RuleWithOperations {
@@ -589,10 +652,18 @@ async fn two_in_tree_policies_and_a_webhook_policy_with_agnhost_add_label_inject
         .await?;
     let _foreign = WebhookConfigurationGuard(foreign);
     let pods = ns.api::<Pod>();
-    wait_dry_run(&pods, &pod("probe", &[]), Duration::from_secs(30), "all four mutators", |p| {
-        copies(p, &["sidecar-a", "sidecar-c"], &["init-b"]).iter().all(|(_, n)| *n == 1)
-            && p.labels().get("added-label").map(String::as_str) == Some("yes")
-    })
+    wait_dry_run(
+        &pods,
+        &pod("probe", &[]),
+        Duration::from_secs(30),
+        "all four mutators",
+        |p| {
+            copies(p, &["sidecar-a", "sidecar-c"], &["init-b"])
+                .iter()
+                .all(|(_, n)| *n == 1)
+                && p.labels().get("added-label").map(String::as_str) == Some("yes")
+        },
+    )
     .await?;
 
     let started = Instant::now();
@@ -601,7 +672,11 @@ async fn two_in_tree_policies_and_a_webhook_policy_with_agnhost_add_label_inject
     for i in 0..200 {
         let pods = pods.clone();
         tasks.spawn(async move {
-            pods.create(&PostParams::default(), &pod(&format!("m-{i}"), &[("app", "m")])).await
+            pods.create(
+                &PostParams::default(),
+                &pod(&format!("m-{i}"), &[("app", "m")]),
+            )
+            .await
         });
         if tasks.len() >= 8
             && let Some(r) = tasks.join_next().await
@@ -612,23 +687,47 @@ async fn two_in_tree_policies_and_a_webhook_policy_with_agnhost_add_label_inject
     while let Some(r) = tasks.join_next().await {
         created.push(r??);
     }
-    println!("200 pods through 2 in-tree policies, 1 Splice webhook and agnhost in {:?}", started.elapsed());
-    let stored = pods.list(&ListParams::default().labels("app=m")).await?.items;
-    ensure!(stored.len() == 200, "expected 200 pods, found {}", stored.len());
+    println!(
+        "200 pods through 2 in-tree policies, 1 Splice webhook and agnhost in {:?}",
+        started.elapsed()
+    );
+    let stored = pods
+        .list(&ListParams::default().labels("app=m"))
+        .await?
+        .items;
+    ensure!(
+        stored.len() == 200,
+        "expected 200 pods, found {}",
+        stored.len()
+    );
     for p in &stored {
         let n = copies(p, &["app", "sidecar-a", "sidecar-c"], &["init-b"]);
         ensure!(n.iter().all(|(_, n)| *n == 1), "{}: {n:?}", p.name_any());
-        let app = p.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == "app"));
+        let app = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().find(|c| c.name == "app"));
         let env: Vec<String> = app
             .and_then(|c| c.env.as_ref())
             .map(|e| e.iter().map(|v| v.name.clone()).collect())
             .unwrap_or_default();
-        ensure!(env == ["FROM_A", "FROM_C"] || env == ["FROM_C", "FROM_A"], "{}: env {env:?}", p.name_any());
+        ensure!(
+            env == ["FROM_A", "FROM_C"] || env == ["FROM_C", "FROM_A"],
+            "{}: env {env:?}",
+            p.name_any()
+        );
         let record: Value = serde_json::from_str(
-            p.annotations().get("splice.dev/status").map(String::as_str).unwrap_or("{}"),
+            p.annotations()
+                .get("splice.dev/status")
+                .map(String::as_str)
+                .unwrap_or("{}"),
         )?;
         for policy in [&a, &b, &c] {
-            ensure!(record.get(policy.as_str()).is_some(), "{}: no record of {policy}: {record}", p.name_any());
+            ensure!(
+                record.get(policy.as_str()).is_some(),
+                "{}: no record of {policy}: {record}",
+                p.name_any()
+            );
         }
     }
     Ok(())

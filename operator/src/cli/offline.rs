@@ -446,6 +446,36 @@ pub(crate) fn pod_security_lines(policies: &[LoadedPolicy]) -> Vec<String> {
         .collect()
 }
 
+/// The mode the cluster would run `compiled` in (`spec.mode`, and under `Auto` whether every
+/// template expression has a CEL equivalent), and when it is the webhook under Auto or InTree,
+/// why.
+pub(crate) fn mode_of(compiled: &CompiledPolicy) -> (splice_crds::Mode, Option<String>) {
+    use splice_crds::Mode;
+    match compiled.spec().mode {
+        Mode::Webhook => (Mode::Webhook, None),
+        Mode::Auto | Mode::InTree => match compiled.in_tree() {
+            Ok(_) => (Mode::InTree, None),
+            Err(why) => (Mode::Webhook, Some(why.to_string())),
+        },
+    }
+}
+
+/// One line per policy: the mode it runs in, and why not in-tree when it could have.
+pub(crate) fn mode_lines(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
+        .iter()
+        .map(|p| match mode_of(&p.compiled) {
+            (splice_crds::Mode::InTree, _) => format!(
+                "policy {}: mode InTree (a MutatingAdmissionPolicy: the API server injects it \
+                 itself, before any webhook)",
+                p.name
+            ),
+            (_, Some(why)) => format!("policy {}: mode Webhook, because {why}", p.name),
+            (_, None) => format!("policy {}: mode Webhook (requested)", p.name),
+        })
+        .collect()
+}
+
 /// Stdin can be read once: refuses `-` given more than once across `-p` and `-f`.
 pub(crate) fn stdin_at_most_once<'a>(
     paths: impl IntoIterator<Item = &'a PathBuf>,

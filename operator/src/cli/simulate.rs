@@ -91,7 +91,10 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
             paused.join(", ")
         );
     }
-    for line in offline::pod_security_lines(&policies) {
+    for line in offline::pod_security_lines(&policies)
+        .into_iter()
+        .chain(offline::mode_lines(&policies))
+    {
         let _ = writeln!(out, "{line}");
     }
 
@@ -112,7 +115,10 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
         return Ok((out, code, warnings));
     }
 
-    let order: Vec<usize> = (0..policies.len()).collect();
+    // The API server runs mutating admission policies (in-tree) before any webhook; each group
+    // in name order.
+    let mut order: Vec<usize> = (0..policies.len()).collect();
+    order.sort_by_key(|&i| offline::mode_of(&policies[i].compiled).0 != splice_crds::Mode::InTree);
     let (_, steps) = offline::run_chain(&policies, &order, subject.pod.clone(), admission)
         .map_err(|e| subject.error(e.to_string()))?;
     render_steps(&policies, &steps, &mut out);
@@ -121,7 +127,23 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
 
 fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {
     let names: Vec<&str> = policies.iter().map(|p| p.name.as_str()).collect();
-    let _ = writeln!(out, "webhooks in name order: {}", names.join(", "));
+    let (in_tree, webhooks): (Vec<&LoadedPolicy>, Vec<&LoadedPolicy>) = policies
+        .iter()
+        .partition(|p| offline::mode_of(&p.compiled).0 == splice_crds::Mode::InTree);
+    let list = |ps: &[&LoadedPolicy]| {
+        ps.iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !in_tree.is_empty() {
+        let _ = writeln!(
+            out,
+            "mutating admission policies (in-tree, run first) in name order: {}",
+            list(&in_tree)
+        );
+    }
+    let _ = writeln!(out, "webhooks in name order: {}", list(&webhooks));
     let mut changed_by: Vec<&str> = Vec::new();
     let mut announced_reinvocation = false;
     for (i, step) in steps.iter().enumerate() {

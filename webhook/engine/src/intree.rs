@@ -15,7 +15,6 @@
 //! byte as the webhook writes it. A pod that already carries this policy's entry is left alone,
 //! which makes the policy idempotent under reinvocation.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -98,7 +97,13 @@ impl CompiledPolicy {
             env: next(),
             mounts: next(),
         };
-        Ok(program(&self.name, &self.hash, &lists, &labels, &annotations))
+        Ok(program(
+            &self.name,
+            &self.hash,
+            &lists,
+            &labels,
+            &annotations,
+        ))
     }
 
     /// One injected item: its key, and its value as a CEL literal.
@@ -213,12 +218,15 @@ fn reference(expr: &str) -> Result<String, String> {
             "string(namespaceObject.metadata.{map}[{}])",
             cel_string(key)
         )),
-        ["pod", "metadata", field @ ("name" | "generateName" | "namespace")] => {
-            Ok(format!("string(object.metadata.{field})"))
-        }
-        ["pod", "metadata", map @ ("labels" | "annotations"), key] => {
-            Ok(format!("string(object.metadata.{map}[{}])", cel_string(key)))
-        }
+        [
+            "pod",
+            "metadata",
+            field @ ("name" | "generateName" | "namespace"),
+        ] => Ok(format!("string(object.metadata.{field})")),
+        ["pod", "metadata", map @ ("labels" | "annotations"), key] => Ok(format!(
+            "string(object.metadata.{map}[{}])",
+            cel_string(key)
+        )),
         _ => Err(format!(
             "reads {}, which the in-tree form does not read (it reads the namespace's name, \
              labels and annotations and the pod's own metadata)",
@@ -426,11 +434,16 @@ fn program(
         let idx = meta("labels", labels, &mut vars);
         vars.push(var(
             "labelsPaths",
-            list_of(labels.iter().map(|(k, _)| {
-                cel_string(&format!("/metadata/labels/{}", pointer_segment(k)))
-            })),
+            list_of(
+                labels
+                    .iter()
+                    .map(|(k, _)| cel_string(&format!("/metadata/labels/{}", pointer_segment(k)))),
+            ),
         ));
-        vars.push(var("labelsValues", list_of(labels.iter().map(|(_, v)| v.clone()))));
+        vars.push(var(
+            "labelsValues",
+            list_of(labels.iter().map(|(_, v)| v.clone())),
+        ));
         let whole = format!(
             "{{{}}}",
             labels
@@ -476,13 +489,17 @@ fn program(
              : (size(variables.initIdx) == 0 ? [] : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.initIdx.map(k, variables.initItems[k])}]))"
                 .into(),
         );
-        entry.push(format!(
+        entry.push(
             "(size(variables.initIdx) == 0 ? \"\" : \",\\\"initContainers\\\":[\" + variables.initIdx.map(k, variables.initJson[k]).join(\",\") + \"]\")"
-        ));
+                .to_owned(),
+        );
     }
     // Env and volume mounts go into every application container: the pod's own, less those
     // another Splice policy recorded as injected.
-    let per_container = [("env", "name", &l.env), ("volumeMounts", "mountPath", &l.mounts)];
+    let per_container = [
+        ("env", "name", &l.env),
+        ("volumeMounts", "mountPath", &l.mounts),
+    ];
     let per_container_used = per_container.iter().any(|(_, _, items)| !items.is_empty());
     if per_container_used {
         vars.push(var(
@@ -628,26 +645,5 @@ fn program(
 
 /// A `splice.dev/status` record with at least one entry, each as Splice writes it: a name, then
 /// an object of strings, lists of strings and maps of lists of strings, compact.
-const RECORD_RE: &str = r#"^\{"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\}(,"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\})*\}$"#;
-
-/// The policies of `policies` that run in-tree, in the order the API server runs admission
-/// policies, and those that stay on the webhook: (name, why).
-pub fn modes<'p>(
-    policies: impl IntoIterator<Item = &'p CompiledPolicy>,
-    requested: impl Fn(&CompiledPolicy) -> splice_crds::Mode,
-) -> BTreeMap<String, Result<(), WebhookOnly>> {
-    policies
-        .into_iter()
-        .map(|p| {
-            let verdict = match requested(p) {
-                splice_crds::Mode::Webhook => Err(WebhookOnly {
-                    field: "spec.mode".into(),
-                    expression: None,
-                    reason: "Webhook is requested".into(),
-                }),
-                splice_crds::Mode::Auto | splice_crds::Mode::InTree => p.in_tree().map(|_| ()),
-            };
-            (p.name().to_owned(), verdict)
-        })
-        .collect()
-}
+const RECORD_RE: &str =
+    r#"^\{"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\}(,"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\})*\}$"#;

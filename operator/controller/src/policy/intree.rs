@@ -353,7 +353,10 @@ template:
             map.metadata.labels.as_ref().unwrap()[MANAGED_BY_LABEL],
             MANAGER
         );
-        assert_eq!(map.metadata.owner_references.as_ref().unwrap()[0].uid, "uid-1");
+        assert_eq!(
+            map.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "uid-1"
+        );
         let spec = map.spec.unwrap();
         assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
         assert_eq!(spec.reinvocation_policy.as_deref(), Some("IfNeeded"));

@@ -73,7 +73,11 @@ where
     }
     ctx.ensure_leading()?;
     let written = api
-        .patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(desired))
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
         .await
         .map_err(err("writing"))?;
     tracing::info!(kind, name = %name, existed = observed.is_some(), "applied in-tree admission object");
@@ -96,19 +100,29 @@ where
     ))
 }
 
-fn edited_by_someone_else(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    meta.managed_fields
-        .iter()
-        .flatten()
-        .any(|m| m.manager.as_deref().is_some_and(|manager| manager != MANAGER))
+fn edited_by_someone_else(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    meta.managed_fields.iter().flatten().any(|m| {
+        m.manager
+            .as_deref()
+            .is_some_and(|manager| manager != MANAGER)
+    })
 }
 
 /// Removes the policy's binding, then its admission policy, when they are Splice's. Returns true
 /// when one existed.
 pub async fn remove(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Error> {
     let name = admission_policy_name(&policy.name_any());
-    let a = remove_one::<MutatingAdmissionPolicyBinding>(ctx, policy, &name, "MutatingAdmissionPolicyBinding").await?;
-    let b = remove_one::<MutatingAdmissionPolicy>(ctx, policy, &name, "MutatingAdmissionPolicy").await?;
+    let a = remove_one::<MutatingAdmissionPolicyBinding>(
+        ctx,
+        policy,
+        &name,
+        "MutatingAdmissionPolicyBinding",
+    )
+    .await?;
+    let b = remove_one::<MutatingAdmissionPolicy>(ctx, policy, &name, "MutatingAdmissionPolicy")
+        .await?;
     Ok(a || b)
 }
 
@@ -144,7 +158,11 @@ where
             .iter()
             .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
     if !ours {
-        tracing::warn!(kind, name, "not removing an admission object Splice does not manage");
+        tracing::warn!(
+            kind,
+            name,
+            "not removing an admission object Splice does not manage"
+        );
         return Ok(false);
     }
     ctx.ensure_leading()?;

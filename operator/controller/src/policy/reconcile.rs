@@ -25,11 +25,11 @@ use super::conditions::{
     planned_events,
 };
 use super::conflicts::conflicts_of;
-use super::{intree, intree_apply};
 use super::render::{
     RenderContext, RenderError, is_up_to_date, render, webhook_configuration_name,
 };
 use super::serving::{InForce, in_force};
+use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
 
@@ -185,7 +185,9 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
                         settling = intree_apply::still_settling(created, Timestamp::now());
                         match settling {
                             Some(_) => Ok(event),
-                            None => ensure_absent(ctx, policy, &configuration).await.map(|()| event),
+                            None => ensure_absent(ctx, policy, &configuration)
+                                .await
+                                .map(|()| event),
                         }
                     }
                     Err(e) => Err(e),
