@@ -543,6 +543,32 @@ async fn switching_webhook_to_in_tree_and_back_at_ten_pods_a_second_injects_ever
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
     s.apply(&name, spec("InTree")).await?;
+    // The moment with both paths: the admission policy is written, the webhook configuration not
+    // yet removed. Pods admitted now meet both, and still get each item once.
+    wait_until(Duration::from_secs(30), "both paths in place", || async {
+        Ok(in_tree_objects(&s.client, &name).await? == (true, true, true))
+    })
+    .await?;
+    let both = ns.api::<Pod>();
+    wait_dry_run(
+        &both,
+        &pod("both", &[]),
+        Duration::from_secs(10),
+        "in-tree in force",
+        |p| p.annotations().get("splice.dev/status").is_some(),
+    )
+    .await?;
+    for i in 0..5 {
+        let p = both
+            .create(&PostParams::default(), &pod(&format!("both-{i}"), &[]))
+            .await?;
+        let c = copies(&p, &["proxy"], &["native"]);
+        ensure!(c.iter().all(|(_, n)| *n == 1), "with both paths: {c:?}");
+    }
+    ensure!(
+        in_tree_objects(&s.client, &name).await? == (true, true, true),
+        "the webhook configuration went before the pods were created with both paths"
+    );
     wait_mode(&s.client, &name, Mode::InTree).await?;
     wait_until(
         Duration::from_secs(30),

@@ -647,3 +647,118 @@ fn program(
 /// an object of strings, lists of strings and maps of lists of strings, compact.
 const RECORD_RE: &str =
     r#"^\{"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\}(,"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\})*\}$"#;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use splice_crds::InjectionPolicySpec;
+
+    fn compiled(yaml: &str) -> CompiledPolicy {
+        let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
+        CompiledPolicy::compile("mesh", 1, &spec).unwrap()
+    }
+
+    #[test]
+    fn plain_references_become_the_cel_that_reads_the_same_value() {
+        assert_eq!(to_cel("{{ namespace.name }}").unwrap(), "request.namespace");
+        assert_eq!(
+            to_cel("a-{{namespace.labels[\"team/x\"]}}-b").unwrap(),
+            "\"a-\" + string(namespaceObject.metadata.labels[\"team/x\"]) + \"-b\""
+        );
+        assert_eq!(
+            to_cel("{{ pod.metadata.annotations.owner }}").unwrap(),
+            "string(object.metadata.annotations[\"owner\"])"
+        );
+    }
+
+    #[test]
+    fn anything_but_a_plain_reference_is_refused_with_a_reason() {
+        for source in [
+            "{{ namespace.name | upper }}",
+            "{{ namespace.name ~ 'x' }}",
+            "{% if pod.metadata.name %}x{% endif %}",
+            "{{- namespace.name }}",
+            "{{ pod.spec.containers[0].name }}",
+            "{{ namespace.labels }}",
+        ] {
+            assert!(to_cel(source).is_err(), "{source}");
+        }
+    }
+
+    #[test]
+    fn cel_strings_escape_quotes_backslashes_and_control_characters() {
+        assert_eq!(cel_string("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+        assert_eq!(cel_string("é"), "\"é\"");
+    }
+
+    #[test]
+    fn a_literal_wraps_every_member_in_dyn_and_substitutes_the_references() {
+        let v = serde_json::json!({"name": "x", "ports": [{"containerPort": 80}], "env": [{"value": "t"}]});
+        let refs = vec![(
+            vec![
+                Seg::Key("env".into()),
+                Seg::Index(0),
+                Seg::Key("value".into()),
+            ],
+            "request.namespace".to_owned(),
+        )];
+        assert_eq!(
+            literal(&v, &mut Vec::new(), &refs),
+            "{\"name\": dyn(\"x\"), \"ports\": dyn([dyn({\"containerPort\": dyn(80)})]), \"env\": dyn([dyn({\"value\": dyn(request.namespace)})])}"
+        );
+    }
+
+    #[test]
+    fn update_templated_names_and_templated_label_values_keep_the_webhook() {
+        let update = compiled("operations: [CREATE, UPDATE]\ntemplate: {labels: {a: b}}");
+        assert_eq!(update.in_tree().unwrap_err().field, "spec.operations");
+        let name =
+            compiled("template: {containers: [{name: \"{{ pod.metadata.name }}-x\", image: i}]}");
+        assert_eq!(
+            name.in_tree().unwrap_err().field,
+            "spec.template.containers[0].name"
+        );
+        let label = compiled("template: {labels: {ns: \"{{ namespace.name }}\"}}");
+        let why = label.in_tree().unwrap_err();
+        assert_eq!(why.field, "spec.template.labels.ns");
+        assert_eq!(why.expression.as_deref(), Some("{{ namespace.name }}"));
+    }
+
+    #[test]
+    fn the_record_is_built_in_the_webhooks_key_order_and_named_for_the_policy() {
+        let p = compiled(
+            "template: {initContainers: [{name: i, image: x}], containers: [{name: c, image: x}], \
+             volumes: [{name: v, emptyDir: {}}], env: [{name: E, value: x}], \
+             labels: {l: x}, annotations: {a: x}}",
+        );
+        let program = p.in_tree().unwrap();
+        let entry = &program
+            .variables
+            .iter()
+            .find(|v| v.name == "entry")
+            .unwrap()
+            .expression;
+        let order = [
+            "hash",
+            "initContainers",
+            "containers",
+            "volumes",
+            "env",
+            "labels",
+            "annotations",
+        ];
+        let at: Vec<usize> = order
+            .iter()
+            .map(|k| entry.find(&format!("\\\"{k}\\\"")).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{entry}");
+        let mine = &program
+            .variables
+            .iter()
+            .find(|v| v.name == "mine")
+            .unwrap()
+            .expression;
+        assert!(mine.contains("\\\"mesh\\\":{\\\"hash\\\":"), "{mine}");
+    }
+}

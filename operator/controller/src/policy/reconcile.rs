@@ -194,7 +194,13 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
                 }
             }
             None => match ensure_applied(ctx, &served, failure_policy.effective).await {
-                Ok(change) if intree_apply::exists(ctx, policy).await? => {
+                // Once the status says Webhook, the in-tree objects are known to be gone: the
+                // steady state reads nothing more than the configuration.
+                Ok(change)
+                    if policy.status.as_ref().and_then(|s| s.mode)
+                        != Some(splice_crds::Mode::Webhook)
+                        && intree_apply::exists(ctx, policy).await? =>
+                {
                     let created = intree_apply::webhook_created(ctx, &configuration).await?;
                     settling = intree_apply::still_settling(created, Timestamp::now());
                     if settling.is_none() {
@@ -254,7 +260,14 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         outcome,
         WebhookOutcome::Applied { .. } | WebhookOutcome::Held { .. }
     );
-    intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+    // While the new path settles, the old one is in force too: status.mode flips once it goes.
+    if settling.is_none() {
+        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+    } else {
+        let previous = status.mode;
+        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        status.mode = previous.or(status.mode);
+    }
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
