@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from controller import Api  # noqa: E402  (the same admin-certificate client)
 
 SIDECAR = {"name": "webhook-added-sidecar", "image": "registry.invalid/sidecar:1"}
-ARMS = ("none", "splice", "agnhost", "map")
+ARMS = ("none", "splice", "splice-intree", "agnhost", "map")
 LABEL = "bench-arm"
 POD = {
     "apiVersion": "v1",
@@ -39,9 +39,12 @@ def setup(api, agnhost_port, agnhost_ca):
                  {"metadata": {"name": namespace(arm), "labels": {LABEL: arm}}})
     # One policy per Splice instance: `splice` (instance label `bench`) and, when a baseline
     # binary is given, `splice-before` (instance `bench-before`).
-    for arm, instance in (("splice", "bench"), ("splice-before", "bench-before")):
+    # `splice-intree` is the same policy in mode InTree: a MutatingAdmissionPolicy Splice writes.
+    for arm, instance in (("splice", "bench"), ("splice-intree", "bench"),
+                          ("splice-before", "bench-before")):
         if arm not in ARMS:
             continue
+        mode = {"splice-intree": "InTree", "splice": "Webhook"}.get(arm)
         api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", {
             "apiVersion": "splice.dev/v1alpha1",
             "kind": "InjectionPolicy",
@@ -49,6 +52,7 @@ def setup(api, agnhost_port, agnhost_ca):
             "spec": {
                 "namespaceSelector": {"matchLabels": {LABEL: arm}},
                 "template": {"containers": [SIDECAR]},
+                **({"mode": mode} if mode else {}),
             },
         })
     with open(agnhost_ca, "rb") as f:
@@ -159,7 +163,7 @@ def main():
     args = ap.parse_args()
     global ARMS
     if args.baseline:
-        ARMS = ("none", "splice", "splice-before", "agnhost", "map")
+        ARMS = ("none", "splice", "splice-intree", "splice-before", "agnhost", "map")
 
     api = Api(args.kubeconfig)
     setup(api, args.agnhost_port, args.agnhost_ca)

@@ -3,7 +3,9 @@
 # the API server (server-side dry-run creates, nothing stored) on a control plane of its own, into
 # namespaces served by
 #   none    nothing (the baseline),
-#   splice  one InjectionPolicy of `splice run` (a --release build unless SPLICE_BIN is given),
+#   splice  one InjectionPolicy of `splice run` in mode Webhook (a --release build unless
+#           SPLICE_BIN is given),
+#   splice-intree  the same policy in mode InTree: the MutatingAdmissionPolicy Splice writes,
 #   agnhost agnhost's Go sidecar webhook (/mutating-pods-sidecar),
 #   map     an in-tree MutatingAdmissionPolicy doing the same injection,
 # each adding the same sidecar container. admission.py interleaves the arms in rounds (sequential

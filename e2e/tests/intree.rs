@@ -119,6 +119,19 @@ async fn the_example_policy_runs_in_tree_under_auto_with_no_webhook_configuratio
         "the provenance record carries the policy's template hash"
     );
 
+    // The admission probe and coverage read in-tree pods as they read webhook pods.
+    let api: Api<InjectionPolicy> = Api::all(s.client.clone());
+    wait_until(Duration::from_secs(90), "Verified and counted", || async {
+        let p = api.get(&name).await?;
+        let verified = condition(&p, "Verified").is_some_and(|c| c.status == "True");
+        let current = p
+            .status
+            .and_then(|s| s.coverage)
+            .is_some_and(|c| c.current >= 1 && c.missed == 0);
+        Ok(verified && current)
+    })
+    .await?;
+
     // Drift: a deleted binding is restored.
     Api::<MutatingAdmissionPolicyBinding>::all(s.client.clone())
         .delete(&format!("splice-{name}"), &Default::default())
