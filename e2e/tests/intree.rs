@@ -164,7 +164,7 @@ fn differential_spec(instance: &str, mode: &str) -> Value {
                 {"name": "diff-init", "image": "{{ values.image }}", "args": ["--ns", "{{ namespace.name }}"]},
                 {"name": "diff-proxy", "image": "{{ values.image }}", "restartPolicy": "Always",
                  "ports": [{"containerPort": 15001, "name": "proxy"}],
-                 "env": [{"name": "POD_APP", "value": "app={{ pod.metadata.labels.app }}"}]}
+                 "env": [{"name": "POD_APP", "value": "app={{ pod.metadata.labels.app }} via {{ policy.name }}/{{ values.image }}"}]}
             ],
             "containers": [{"name": "diff-side", "image": "registry.invalid/side:1",
                             "resources": {"requests": {"cpu": "10m"}}}],

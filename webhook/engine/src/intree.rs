@@ -156,7 +156,12 @@ impl CompiledPolicy {
     /// A string rendered per request, as a CEL concatenation; only plain references qualify.
     fn hole(&self, hole: &Hole) -> Result<String, WebhookOnly> {
         let source = self.templates.source(hole).unwrap_or_default();
-        to_cel(&source).map_err(|reason| WebhookOnly {
+        let statics = Statics {
+            policy: &self.name,
+            generation: self.generation,
+            values: &self.spec.values,
+        };
+        to_cel(&source, &statics).map_err(|reason| WebhookOnly {
             field: hole.field.clone(),
             expression: Some(source.clone()),
             reason,
@@ -164,8 +169,15 @@ impl CompiledPolicy {
     }
 }
 
+/// What a template reads that is fixed when the policy compiles: `policy` and `values`.
+struct Statics<'a> {
+    policy: &'a str,
+    generation: i64,
+    values: &'a std::collections::BTreeMap<String, String>,
+}
+
 /// The template `source` as a CEL string expression, or why it cannot be one.
-fn to_cel(source: &str) -> Result<String, String> {
+fn to_cel(source: &str, statics: &Statics<'_>) -> Result<String, String> {
     let mut parts: Vec<String> = Vec::new();
     let mut rest = source;
     while !rest.is_empty() {
@@ -182,7 +194,7 @@ fn to_cel(source: &str) -> Result<String, String> {
         if expr.starts_with(['-', '+']) || expr.ends_with(['-', '+']) {
             return Err("whitespace control is not reproduced in CEL".into());
         }
-        parts.push(reference(expr.trim())?);
+        parts.push(reference(expr.trim(), statics)?);
         rest = &after[close + 2..];
     }
     Ok(if parts.is_empty() {
@@ -204,7 +216,7 @@ fn literal_text(text: &str, parts: &mut Vec<String>) -> Result<(), String> {
 
 /// A plain reference (`namespace.name`, `namespace.labels.app`, `pod.metadata.labels["a/b"]`) as
 /// the CEL that reads the same value from the admission request.
-fn reference(expr: &str) -> Result<String, String> {
+fn reference(expr: &str, statics: &Statics<'_>) -> Result<String, String> {
     let path = parse_path(expr).ok_or_else(|| {
         "uses more than a plain reference (a filter, a test, an operator or a call)".to_owned()
     })?;
@@ -214,6 +226,14 @@ fn reference(expr: &str) -> Result<String, String> {
         // CEL sees the metadata maps' values as dyn); on a string it is the identity, and a
         // missing key still fails the expression as an undefined value fails the template.
         ["namespace", "name"] => Ok("request.namespace".into()),
+        // Constants: rendered here as the webhook renders them.
+        ["policy", "name"] => Ok(cel_string(statics.policy)),
+        ["policy", "generation"] => Ok(cel_string(&statics.generation.to_string())),
+        ["values", key] => statics
+            .values
+            .get(*key)
+            .map(|v| cel_string(v))
+            .ok_or_else(|| format!("reads values.{key}, which is not defined")),
         ["namespace", map @ ("labels" | "annotations"), key] => Ok(format!(
             "string(namespaceObject.metadata.{map}[{}])",
             cel_string(key)
@@ -229,7 +249,7 @@ fn reference(expr: &str) -> Result<String, String> {
         )),
         _ => Err(format!(
             "reads {}, which the in-tree form does not read (it reads the namespace's name, \
-             labels and annotations and the pod's own metadata)",
+             labels and annotations, the pod's own metadata, policy and values)",
             path.join(".")
         )),
     }
@@ -659,9 +679,28 @@ mod tests {
         CompiledPolicy::compile("mesh", 1, &spec).unwrap()
     }
 
+    fn to_cel(source: &str) -> Result<String, String> {
+        let values = std::collections::BTreeMap::from([("img".to_owned(), "p:1".to_owned())]);
+        super::to_cel(
+            source,
+            &Statics {
+                policy: "mesh",
+                generation: 3,
+                values: &values,
+            },
+        )
+    }
+
     #[test]
     fn plain_references_become_the_cel_that_reads_the_same_value() {
         assert_eq!(to_cel("{{ namespace.name }}").unwrap(), "request.namespace");
+        assert_eq!(
+            to_cel(
+                "{{ policy.name }}/{{ values.img }}@{{ policy.generation }} in {{ namespace.name }}"
+            )
+            .unwrap(),
+            "\"mesh\" + \"/\" + \"p:1\" + \"@\" + \"3\" + \" in \" + request.namespace"
+        );
         assert_eq!(
             to_cel("a-{{namespace.labels[\"team/x\"]}}-b").unwrap(),
             "\"a-\" + string(namespaceObject.metadata.labels[\"team/x\"]) + \"-b\""
