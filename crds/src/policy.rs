@@ -28,6 +28,7 @@ pub const MAX_VALUES: usize = 64;
     doc = "A Splice InjectionPolicy: what to inject into pods (containers, init containers, volumes, env, mounts, labels, annotations) and which pods, through a mutating admission webhook Splice configures and serves. `status` says whether it is in force and verified.",
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].reason"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".status.mode"}"#,
     printcolumn = r#"{"name":"Effective failure policy","type":"string","jsonPath":".status.effectiveFailurePolicy"}"#,
     printcolumn = r#"{"name":"Pod security","type":"string","jsonPath":".status.podSecurity"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -75,6 +76,15 @@ pub struct InjectionPolicySpec {
     /// in any case. `status.podSecurity` says which level the injected content satisfies.
     #[serde(default)]
     pub allow_privileged: bool,
+
+    /// How the policy is put in force. `Auto` (the default) runs it inside the API server as a
+    /// MutatingAdmissionPolicy when every template expression has a CEL equivalent with the same
+    /// result, and through Splice's webhook otherwise (status.mode says which, and the
+    /// `InTree` condition names the expression that kept the webhook). `InTree` requires the
+    /// in-tree form (a policy that cannot have it is refused at apply); `Webhook` always uses the
+    /// webhook.
+    #[serde(default)]
+    pub mode: Mode,
 
     /// Values that templates read as `values.<key>`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -155,6 +165,25 @@ impl Operation {
     }
 }
 
+/// How a policy is put in force: requested in `spec.mode`, in force in `status.mode`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Mode {
+    #[default]
+    Auto,
+    Webhook,
+    InTree,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Auto => "Auto",
+            Mode::Webhook => "Webhook",
+            Mode::InTree => "InTree",
+        }
+    }
+}
+
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
     #[default]
@@ -216,6 +245,11 @@ pub struct InjectionPolicyStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+
+    /// The mode in force: `Webhook` (Splice's webhook serves the policy) or `InTree` (a
+    /// MutatingAdmissionPolicy and its binding, both named `splice-<policy>`, do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<Mode>,
 
     /// Name of the MutatingWebhookConfiguration that serves this policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -359,6 +393,8 @@ pub mod condition {
     pub const WEBHOOK_CONFIGURED: &str = "WebhookConfigured";
     pub const FAIL_CLOSED: &str = "FailClosed";
     pub const CONFLICTED: &str = "Conflicted";
+    /// Whether the policy runs in-tree, and when not, the expression that keeps the webhook.
+    pub const IN_TREE: &str = "InTree";
     /// Set by the admission probe (field manager `splice-probe`), never by the reconciler.
     pub const VERIFIED: &str = "Verified";
 }

@@ -22,7 +22,7 @@ SIDECAR = {"name": "webhook-added-sidecar", "image": "registry.invalid/sidecar:1
 # The ten-policy arms add SIDECAR and nine more, one per policy (or MutatingAdmissionPolicy).
 TEN = [SIDECAR] + [{"name": f"sidecar-{i}", "image": f"registry.invalid/sidecar-{i}:1"}
                    for i in range(1, 10)]
-ARMS = ("none", "null", "splice", "splice10", "agnhost", "map", "map10")
+ARMS = ("none", "null", "splice", "splice-intree", "splice10", "agnhost", "map", "map10")
 LABEL = "bench-arm"
 POD = {
     "apiVersion": "v1",
@@ -42,6 +42,7 @@ def splice_policy(api, name, instance, arm, sidecar):
         "kind": "InjectionPolicy",
         "metadata": {"name": name, "labels": {"e2e.splice.dev/instance": instance}},
         "spec": {
+            "mode": "Webhook",
             "namespaceSelector": {"matchLabels": {LABEL: arm}},
             "template": {"containers": [sidecar]},
         },
@@ -99,9 +100,12 @@ def setup(api, agnhost_port, agnhost_ca, null_port):
         sidecar_map(api, f"bench-ten-{i}", "map10", sidecar)
     # One policy per Splice instance: `splice` (instance label `bench`) and, when a baseline
     # binary is given, `splice-before` (instance `bench-before`).
-    for arm, instance in (("splice", "bench"), ("splice-before", "bench-before")):
+    # `splice-intree` is the same policy in mode InTree: a MutatingAdmissionPolicy Splice writes.
+    for arm, instance in (("splice", "bench"), ("splice-intree", "bench"),
+                          ("splice-before", "bench-before")):
         if arm not in ARMS:
             continue
+        mode = {"splice-intree": "InTree", "splice": "Webhook"}.get(arm)
         api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", {
             "apiVersion": "splice.dev/v1alpha1",
             "kind": "InjectionPolicy",
@@ -109,6 +113,7 @@ def setup(api, agnhost_port, agnhost_ca, null_port):
             "spec": {
                 "namespaceSelector": {"matchLabels": {LABEL: arm}},
                 "template": {"containers": [SIDECAR]},
+                **({"mode": mode} if mode else {}),
             },
         })
     with open(agnhost_ca, "rb") as f:
@@ -226,7 +231,8 @@ def main():
     args = ap.parse_args()
     global ARMS
     if args.baseline:
-        ARMS = ("none", "null", "splice", "splice-before", "splice10", "agnhost", "map", "map10")
+        ARMS = ("none", "null", "splice", "splice-intree", "splice-before", "splice10", "agnhost",
+                "map", "map10")
 
     api = Api(args.kubeconfig)
     setup(api, args.agnhost_port, args.agnhost_ca, args.null_port)

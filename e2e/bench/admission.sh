@@ -5,7 +5,9 @@
 #   none     nothing (the baseline),
 #   null     a webhook answering "allowed" with no patch (Splice's stack, `splice webhook
 #            --null-handler`): the floor of any webhook,
-#   splice   one InjectionPolicy of `splice run` (a --release build unless SPLICE_BIN is given),
+#   splice   one InjectionPolicy of `splice run` in mode Webhook (a --release build unless
+#            SPLICE_BIN is given),
+#   splice-intree  the same policy in mode InTree: the MutatingAdmissionPolicy Splice writes,
 #   splice10 ten InjectionPolicies selecting one namespace, each adding its own sidecar (one
 #            shared webhook entry),
 #   agnhost  agnhost's Go sidecar webhook (/mutating-pods-sidecar),

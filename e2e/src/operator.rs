@@ -295,8 +295,18 @@ pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     Ok((code, body))
 }
 
-/// Applies the policy `name` with `spec`, labelled for `instance`.
-pub async fn apply_policy(client: &Client, instance: &str, name: &str, spec: Value) -> Result<()> {
+/// Applies the policy `name` with `spec`, labelled for `instance`. A spec that says no `mode`
+/// gets `Webhook`: most tests exercise the webhook's own machinery (its configuration, the
+/// certificates, the guard); tests/intree.rs says `Auto` or `InTree` where it means them.
+pub async fn apply_policy(
+    client: &Client,
+    instance: &str,
+    name: &str,
+    mut spec: Value,
+) -> Result<()> {
+    if let Some(map) = spec.as_object_mut() {
+        map.entry("mode").or_insert_with(|| json!("Webhook"));
+    }
     let typed: Api<InjectionPolicy> = Api::all(client.clone());
     let body = json!({
         "apiVersion": "splice.dev/v1alpha1",

@@ -194,12 +194,15 @@ fn a_bad_policy_is_refused_with_nothing_on_stdout() {
 fn policies_sharing_a_webhook_entry_apply_in_name_order_in_one_call_and_their_conflict_is_settled()
 {
     let ws = Workspace::new();
+    // Webhook mode: in-tree policies are mutating admission policies, never a shared entry.
+    let webhook = |p: String| p.replace("spec:\n", "spec:\n  mode: Webhook\n");
+    let (quiet, debug) = (
+        webhook(env_policy("quiet-logs", "LOG_LEVEL", "warn")),
+        webhook(env_policy("debug-logs", "LOG_LEVEL", "debug")),
+    );
     let run = simulate(
         &ws,
-        &[
-            &env_policy("quiet-logs", "LOG_LEVEL", "warn"),
-            &env_policy("debug-logs", "LOG_LEVEL", "debug"),
-        ],
+        &[&quiet, &debug],
         &pod("web", "shop", "{app: web}"),
         &["--all-orders"],
     );
@@ -217,10 +220,7 @@ fn policies_sharing_a_webhook_entry_apply_in_name_order_in_one_call_and_their_co
     );
     let run = simulate(
         &ws,
-        &[
-            &env_policy("quiet-logs", "LOG_LEVEL", "warn"),
-            &env_policy("debug-logs", "LOG_LEVEL", "debug"),
-        ],
+        &[&quiet, &debug],
         &pod("web", "shop", "{app: web}"),
         &[],
     );
@@ -230,5 +230,60 @@ fn policies_sharing_a_webhook_entry_apply_in_name_order_in_one_call_and_their_co
     assert!(
         run.stdout.contains("kept"),
         "the skipped item is named: {run:?}"
+    );
+}
+
+/// A policy that stays on the webhook (a filter), named to sort first.
+fn filter_policy(name: &str) -> String {
+    format!(
+        "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: {name}}}\n\
+         spec:\n  template:\n    annotations: {{{name}: \"{{{{ namespace.name | upper }}}}\"}}\n"
+    )
+}
+
+#[test]
+fn in_tree_policies_run_before_every_webhook_and_each_policy_says_its_mode() {
+    let ws = Workspace::new();
+    let run = simulate(
+        &ws,
+        &[&filter_policy("a-webhook"), &sidecar_policy("z-tree", "")],
+        &pod("web", "shop", "{app: web}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let tree = run
+        .stdout
+        .find("step 1: z-tree")
+        .expect("the in-tree policy first");
+    let hook = run
+        .stdout
+        .find("step 2: a-webhook")
+        .expect("the webhook second");
+    assert!(tree < hook, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("MutatingAdmissionPolicy splice-z-tree (in-tree): z-tree"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("policy z-tree: mode InTree"), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("policy a-webhook: mode Webhook, because")
+            && run.stdout.contains("namespace.name | upper"),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn mode_in_tree_is_refused_offline_for_a_policy_that_needs_the_webhook_naming_the_expression() {
+    let ws = Workspace::new();
+    let policy = filter_policy("a-webhook").replace("spec:\n", "spec:\n  mode: InTree\n");
+    let run = simulate(&ws, &[&policy], &pod("web", "shop", "{app: web}"), &[]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(
+        run.stderr.contains("spec.mode is InTree")
+            && run.stderr.contains("namespace.name | upper")
+            && run.stderr.contains("spec.template.annotations"),
+        "{run:?}"
     );
 }

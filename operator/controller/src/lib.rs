@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
+};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
@@ -594,6 +596,15 @@ async fn lead(
     controller
         .owns(
             configurations,
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
+        )
+        // The in-tree objects of a policy, for drift repair like its webhook configuration.
+        .owns(
+            Api::<MutatingAdmissionPolicy>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
+        )
+        .owns(
+            Api::<MutatingAdmissionPolicyBinding>::all(client.clone()),
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
         )
         .reconcile_all_on(everything)

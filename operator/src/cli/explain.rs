@@ -188,6 +188,12 @@ pub(crate) struct PolicyReport {
     /// does not compile): a namespace enforcing a stricter level refuses the injected pod.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod_security: Option<PodSecurityLevel>,
+    /// The mode the policy runs in (InTree or Webhook; absent when it does not compile), and why
+    /// the webhook when it could have run in-tree.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<splice_crds::Mode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode_reason: Option<String>,
     pub injection: InjectionState,
     /// What the pod's record says this policy injected.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -231,6 +237,8 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 operations: Vec::new(),
                 template_hash: None,
                 pod_security: None,
+                mode: None,
+                mode_reason: None,
                 injection: match &injected {
                     Some(e) => InjectionState::Outdated {
                         recorded_hash: e.hash.clone(),
@@ -248,6 +256,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 } else {
                     verdict.describe()
                 };
+                let (mode, mode_reason) = super::offline::mode_of(compiled);
                 let single: Provenance = injected
                     .iter()
                     .map(|e| (p.name.clone(), e.clone()))
@@ -267,6 +276,8 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                         .collect(),
                     template_hash: Some(compiled.template_hash().to_owned()),
                     pod_security: Some(compiled.pod_security().level),
+                    mode: Some(mode),
+                    mode_reason,
                     injection: why::injection_state(compiled, &single),
                     injected,
                     probe: p.probe.clone(),
@@ -411,6 +422,20 @@ fn render_table(report: &Report) -> String {
     }
     if report.policies.is_empty() {
         let _ = writeln!(out, "(no policies)");
+    }
+    for p in &report.policies {
+        match (p.mode, &p.mode_reason) {
+            (Some(splice_crds::Mode::InTree), _) => {
+                let _ = writeln!(out, "{}: mode InTree (a MutatingAdmissionPolicy)", p.name);
+            }
+            (Some(_), Some(why)) => {
+                let _ = writeln!(out, "{}: mode Webhook, because {why}", p.name);
+            }
+            (Some(_), None) => {
+                let _ = writeln!(out, "{}: mode Webhook (requested)", p.name);
+            }
+            (None, _) => {}
+        }
     }
     for p in &report.policies {
         if let Some(error) = &p.error {

@@ -127,7 +127,10 @@ fn run(args: &Args) -> Result<Report, InputError> {
         output,
         changes: ctx.changes,
         warnings: ctx.warnings,
-        notes: offline::pod_security_lines(&policies),
+        notes: offline::pod_security_lines(&policies)
+            .into_iter()
+            .chain(offline::mode_lines(&policies))
+            .collect(),
     })
 }
 

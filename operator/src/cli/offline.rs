@@ -310,6 +310,17 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
     if let Some(v) = splice_crds::validate_policy(&object).into_iter().next() {
         return Err(at(v.message).with_field(v.field));
     }
+    // As Splice's validating webhook refuses it at apply.
+    if spec.mode == splice_crds::Mode::InTree
+        && let Err(why) = compiled.in_tree()
+    {
+        return Err(at(format!(
+            "spec.mode is InTree, but {}: {}",
+            why.expression.as_deref().unwrap_or("this field"),
+            why.reason
+        ))
+        .with_field(why.field));
+    }
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
@@ -432,6 +443,36 @@ pub(crate) fn pod_security_lines(policies: &[LoadedPolicy]) -> Vec<String> {
                 "policy {}: injected content satisfies Pod Security {}{reason}",
                 p.name, security.level
             )
+        })
+        .collect()
+}
+
+/// The mode the cluster would run `compiled` in (`spec.mode`, and under `Auto` whether every
+/// template expression has a CEL equivalent), and when it is the webhook under Auto or InTree,
+/// why.
+pub(crate) fn mode_of(compiled: &CompiledPolicy) -> (splice_crds::Mode, Option<String>) {
+    use splice_crds::Mode;
+    match compiled.spec().mode {
+        Mode::Webhook => (Mode::Webhook, None),
+        Mode::Auto | Mode::InTree => match compiled.in_tree() {
+            Ok(_) => (Mode::InTree, None),
+            Err(why) => (Mode::Webhook, Some(why.to_string())),
+        },
+    }
+}
+
+/// One line per policy: the mode it runs in, and why not in-tree when it could have.
+pub(crate) fn mode_lines(policies: &[LoadedPolicy]) -> Vec<String> {
+    policies
+        .iter()
+        .map(|p| match mode_of(&p.compiled) {
+            (splice_crds::Mode::InTree, _) => format!(
+                "policy {}: mode InTree (a MutatingAdmissionPolicy: the API server injects it \
+                 itself, before any webhook)",
+                p.name
+            ),
+            (_, Some(why)) => format!("policy {}: mode Webhook, because {why}", p.name),
+            (_, None) => format!("policy {}: mode Webhook (requested)", p.name),
         })
         .collect()
 }
@@ -694,10 +735,21 @@ pub(crate) struct Entry {
     pub members: Vec<usize>,
 }
 
-/// The entries serving `policies`, in the order the API server calls them: by configuration
+/// What serves `policies`, in the order the API server runs it: the in-tree ones first (mutating
+/// admission policies run before any webhook), by name, then the webhook entries by configuration
 /// name. Offline there is no availability guard, so the failure policy is the one asked for.
 pub(crate) fn entries(policies: &[LoadedPolicy], splice_namespace: &str) -> Vec<Entry> {
-    let members = policies.iter().map(|p| Member {
+    let in_tree = |p: &LoadedPolicy| mode_of(&p.compiled).0 == splice_crds::Mode::InTree;
+    let mut first: Vec<Entry> = policies
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| in_tree(p))
+        .map(|(i, p)| Entry {
+            configuration: format!("MutatingAdmissionPolicy splice-{} (in-tree)", p.name),
+            members: vec![i],
+        })
+        .collect();
+    let members = policies.iter().filter(|p| !in_tree(p)).map(|p| Member {
         name: p.name.clone(),
         uid: p.name.clone(),
         spec: p.compiled.spec().clone(),
@@ -723,7 +775,8 @@ pub(crate) fn entries(policies: &[LoadedPolicy], splice_namespace: &str) -> Vec<
         })
         .collect();
     entries.sort_by(|a, b| a.configuration.cmp(&b.configuration));
-    entries
+    first.append(&mut entries);
+    first
 }
 
 /// Runs the whole chain, calling `entries` in the order given: the first pass, then the

@@ -93,7 +93,10 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
             paused.join(", ")
         );
     }
-    for line in offline::pod_security_lines(&policies) {
+    for line in offline::pod_security_lines(&policies)
+        .into_iter()
+        .chain(offline::mode_lines(&policies))
+    {
         let _ = writeln!(out, "{line}");
     }
     let entries = offline::entries(&policies, &args.namespace.splice_namespace);
@@ -127,7 +130,8 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
 fn render_entries(policies: &[LoadedPolicy], entries: &[Entry], out: &mut String) {
     let _ = writeln!(
         out,
-        "webhook entries in the API server's order (configuration name):"
+        "admission in the API server's order (in-tree policies first, then webhook entries by \
+         configuration name):"
     );
     for entry in entries {
         let names: Vec<&str> = entry

@@ -16,6 +16,7 @@ mod cache;
 mod chain;
 pub mod explain;
 mod facts;
+pub mod intree;
 mod patch;
 mod plan;
 pub mod podsecurity;
@@ -28,6 +29,7 @@ pub mod warnings;
 pub(crate) mod wire;
 
 pub use chain::{Chained, inject_in_order};
+pub use intree::{CelVariable, InTreeProgram, WebhookOnly};
 pub use podsecurity::PodSecurity;
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};

@@ -435,6 +435,14 @@ impl minijinja::value::Object for Lacking {
 }
 
 impl Templates {
+    /// The template source of a string rendered per request.
+    pub fn source(&self, hole: &Hole) -> Option<String> {
+        self.env
+            .get_template(&hole.field)
+            .ok()
+            .map(|t| t.source().to_owned())
+    }
+
     /// Whether `hole` still renders for a pod (and namespace) that has every field except the
     /// dotted path `absent` (e.g. `pod.metadata.name`): false when the template needs it, true
     /// when it guards the read (`| default(...)`, `is defined`). `statics` holds `policy` and

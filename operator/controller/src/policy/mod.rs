@@ -6,6 +6,8 @@
 pub mod conditions;
 pub mod conflicts;
 pub mod groups;
+pub mod intree;
+pub mod intree_apply;
 pub mod neighbours;
 pub mod reconcile;
 #[cfg(test)]

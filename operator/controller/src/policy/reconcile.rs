@@ -31,6 +31,7 @@ use super::render::{
     RenderContext, RenderError, is_up_to_date, render_group, webhook_configuration_name,
 };
 use super::serving::{InForce, in_force};
+use super::{intree, intree_apply};
 use crate::Context;
 use crate::guard::GuardStatus;
 use crate::retry::backoff;
@@ -54,6 +55,13 @@ pub enum Error {
     Read { name: String, source: kube::Error },
     #[error("writing the status of policy {name}: {source}")]
     Status { name: String, source: kube::Error },
+    #[error("{action} {kind} {name}: {source}")]
+    InTree {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -67,6 +75,7 @@ impl Error {
             Error::Remove { .. } => "remove_error",
             Error::Read { .. } => "read_error",
             Error::Status { .. } => "status_error",
+            Error::InTree { .. } => "in_tree_error",
         }
     }
 }
@@ -137,11 +146,16 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         }),
         InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
     };
+    let mode = intree::decide(served.spec.mode, in_force.compiled());
     let guard = ctx.guard.borrow().clone();
-    let failure_policy = effective_failure_policy(served.spec.failure_policy, &guard);
+    let failure_policy = match &mode.program {
+        Some(_) => intree::failure_policy(served.spec.failure_policy),
+        None => effective_failure_policy(served.spec.failure_policy, &guard),
+    };
     let all = ctx.policies.state();
     let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
-    let serves = !policy.spec.paused && in_force.compiled().is_some();
+    // In webhook mode; in-tree, a policy is no webhook entry's.
+    let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
     let plan = plan_groups(ctx, policy, serves.then_some(&served.spec), &all, &guard);
     drop(all);
     let group = plan.group_of(&name).cloned();
@@ -162,13 +176,15 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
 
     let mut failure = None;
     let mut restored = None;
+    // Set while a newly written path settles: the old one goes at the next pass.
+    let mut settling = None;
     let outcome = if policy.spec.paused {
-        match retire(ctx, policy, &plan, None).await {
+        match remove_both(ctx, policy, &plan).await {
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else if let InForce::Nothing(error) = &in_force {
-        match retire(ctx, policy, &plan, None).await {
+        match remove_both(ctx, policy, &plan).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
                 reason: invalid_reason(error),
@@ -176,16 +192,55 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             },
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else if let Some(group) = &group {
-        let applied = match ensure_applied(ctx, group).await {
-            Ok(change) => retire(ctx, policy, &plan, Some(&group.configuration))
-                .await
-                .map(|()| change),
-            Err(e) => Err(e),
+    } else {
+        // The new path first; the old one only once the new one is in force.
+        let applied = match (&mode.program, &group) {
+            (Some(program), _) => {
+                let drift = policy.status.as_ref().is_some_and(|s| {
+                    s.observed_generation == policy.metadata.generation
+                        && s.mode == Some(splice_crds::Mode::InTree)
+                });
+                match intree_apply::ensure(ctx, &served, program, drift).await {
+                    Ok((event, created)) => {
+                        settling = intree_apply::still_settling(created, Timestamp::now());
+                        match settling {
+                            Some(_) => Ok(event),
+                            None => retire(ctx, policy, &plan, None).await.map(|()| event),
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            (None, Some(group)) => match ensure_applied(ctx, group).await {
+                // Webhook configurations reach the API server through one watch, in order: the
+                // entry just applied is in force before a retired one is gone.
+                Ok(change) => match retire(ctx, policy, &plan, Some(&group.configuration)).await {
+                    Err(e) => Err(e),
+                    // Once the status says Webhook, the in-tree objects are known to be gone: the
+                    // steady state reads nothing more than the configuration.
+                    Ok(())
+                        if policy.status.as_ref().and_then(|s| s.mode)
+                            != Some(splice_crds::Mode::Webhook)
+                            && intree_apply::exists(ctx, policy).await? =>
+                    {
+                        let created =
+                            intree_apply::webhook_created(ctx, &group.configuration).await?;
+                        settling = intree_apply::still_settling(created, Timestamp::now());
+                        if settling.is_none() {
+                            intree_apply::remove(ctx, policy).await?;
+                        }
+                        Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
+                    }
+                    Ok(()) => Ok(change.filter(|_| was_applied_at_this_generation(policy, group))),
+                },
+                Err(e) => Err(e),
+            },
+            // Serving, so planned: a policy the plan left out is a bug; say so rather than guess.
+            (None, None) => Err(Error::Render(RenderError::MissingUid(name.clone()))),
         };
         match applied {
             Ok(change) => {
-                restored = change.filter(|_| was_applied_at_this_generation(policy, group));
+                restored = change;
                 match &in_force {
                     InForce::LastGood { compiled, error } => WebhookOutcome::Held {
                         configuration,
@@ -200,13 +255,6 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             }
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else {
-        // Serving, so planned: a policy the plan left out is a bug; say so rather than guess.
-        failed(
-            configuration,
-            Error::Render(RenderError::MissingUid(name.clone())),
-            &mut failure,
-        )
     };
 
     let shared_with: Vec<String> = group
@@ -240,7 +288,20 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         crate::verdict::strip(&mut s);
         s
     });
-    let mut status = desired_status(current.as_ref(), &observation, Timestamp::now());
+    let now = Timestamp::now();
+    let mut status = desired_status(current.as_ref(), &observation, now);
+    let served_somehow = matches!(
+        outcome,
+        WebhookOutcome::Applied { .. } | WebhookOutcome::Held { .. }
+    );
+    // While the new path settles, the old one is in force too: status.mode flips once it goes.
+    if settling.is_none() {
+        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+    } else {
+        let previous = status.mode;
+        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        status.mode = previous.or(status.mode);
+    }
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
@@ -256,8 +317,15 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
 
     match failure {
         Some(e) => Err(e),
-        None => Ok(Action::requeue(RESYNC)),
+        None => Ok(Action::requeue(settling.unwrap_or(RESYNC))),
     }
+}
+
+/// Removes both paths: the policy from every webhook entry, and its in-tree admission policy and
+/// binding.
+async fn remove_both(ctx: &Context, policy: &InjectionPolicy, plan: &Plan) -> Result<(), Error> {
+    retire(ctx, policy, plan, None).await?;
+    intree_apply::remove(ctx, policy).await.map(|_| ())
 }
 
 /// The Ready reason for a policy that does not compile.

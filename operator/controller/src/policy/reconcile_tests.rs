@@ -25,11 +25,16 @@ use crate::{Context, Settings};
 const MWC_PATH: &str =
     "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/splice-p";
 const STATUS_PATH: &str = "/apis/splice.dev/v1alpha1/injectionpolicies/p/status";
+const MAP_PATH: &str = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies/splice-p";
+const BINDING_PATH: &str =
+    "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings/splice-p";
 
 /// What the fake API server holds and saw.
 #[derive(Default)]
 struct FakeApi {
     configuration: Option<Value>,
+    /// The in-tree objects, by path.
+    in_tree: std::collections::BTreeMap<String, Value>,
     status_writes: Vec<Value>,
     /// (method, path) of every request, in order.
     requests: Vec<(Method, String)>,
@@ -89,6 +94,17 @@ fn fake_api(state: Shared) -> Client {
                     respond(StatusCode::OK, &policy)
                 }
                 (Method::POST, p) if p.ends_with("/events") => respond(StatusCode::CREATED, &body),
+                (Method::GET, p @ (MAP_PATH | BINDING_PATH)) => match api.in_tree.get(p) {
+                    Some(o) => respond(StatusCode::OK, o),
+                    None => not_found(),
+                },
+                (Method::PATCH, p @ (MAP_PATH | BINDING_PATH)) => {
+                    let mut stored = body.clone();
+                    stored["metadata"]["uid"] = json!("in-tree-uid");
+                    stored["metadata"]["creationTimestamp"] = json!("2020-01-01T00:00:00Z");
+                    api.in_tree.insert(p.to_owned(), stored.clone());
+                    respond(StatusCode::OK, &stored)
+                }
                 (Method::DELETE, MWC_PATH) => {
                     api.configuration = None;
                     respond(
@@ -107,6 +123,7 @@ fn fake_api(state: Shared) -> Client {
 
 fn policy() -> InjectionPolicy {
     let spec: InjectionPolicySpec = serde_json::from_value(json!({
+        "mode": "Webhook",
         "namespaceSelector": {"matchLabels": {"mesh": "on"}},
         "template": {"containers": [{"name": "proxy", "image": "registry.invalid/proxy:1"}]}
     }))
@@ -313,4 +330,22 @@ async fn operations_in_a_policy_reach_the_rules() {
         stored["webhooks"][0]["rules"][0]["operations"],
         json!(["CREATE", "UPDATE"])
     );
+}
+
+#[tokio::test]
+async fn an_auto_policy_of_static_content_is_written_in_tree_and_no_webhook_configuration() {
+    let api = Shared::default();
+    let mut p = policy();
+    p.spec.mode = splice_crds::Mode::Auto;
+    let ctx = context(fake_api(Arc::clone(&api)), true, std::slice::from_ref(&p));
+    reconcile(Arc::new(p), ctx).await.unwrap();
+    let w = writes(&api);
+    assert_eq!(w[0], (Method::PATCH, MAP_PATH.to_owned()), "{w:?}");
+    assert_eq!(w[1], (Method::PATCH, BINDING_PATH.to_owned()), "{w:?}");
+    assert!(w.iter().all(|(_, path)| path != MWC_PATH), "{w:?}");
+    let status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+    assert_eq!(status["mode"], json!("InTree"));
+    assert!(status.get("webhookConfiguration").is_none());
+    let map = api.lock().unwrap().in_tree.get(MAP_PATH).cloned().unwrap();
+    assert_eq!(map["spec"]["mutations"][0]["patchType"], json!("JSONPatch"));
 }

@@ -289,7 +289,10 @@ pub fn excluded_namespaces(splice_namespace: &str) -> Vec<String> {
 
 /// The policy's namespace selector AND "not one of the excluded namespaces". Requirements in a
 /// selector are ANDed, so appending one can only narrow what the policy selects.
-fn namespace_selector(policy: Option<&LabelSelector>, splice_namespace: &str) -> LabelSelector {
+pub(crate) fn namespace_selector(
+    policy: Option<&LabelSelector>,
+    splice_namespace: &str,
+) -> LabelSelector {
     with_requirement(
         policy,
         LabelSelectorRequirement {
@@ -301,7 +304,7 @@ fn namespace_selector(policy: Option<&LabelSelector>, splice_namespace: &str) ->
 }
 
 /// The policy's object selector AND "not opted out".
-fn object_selector(policy: Option<&LabelSelector>) -> LabelSelector {
+pub(crate) fn object_selector(policy: Option<&LabelSelector>) -> LabelSelector {
     with_requirement(
         policy,
         LabelSelectorRequirement {

@@ -97,7 +97,7 @@ struct Version {
 
 impl ServedSpecs {
     /// The spec `policy` serves in a webhook, or `None` when it serves none (paused, being
-    /// deleted, or nothing compiles).
+    /// deleted, nothing compiles, or it runs in-tree).
     pub fn get(&self, policy: &InjectionPolicy) -> Option<Arc<InjectionPolicySpec>> {
         if policy.spec.paused || policy.metadata.deletion_timestamp.is_some() {
             return None;
@@ -114,8 +114,14 @@ impl ServedSpecs {
         {
             return spec.clone();
         }
+        // A policy running in-tree is served by its MutatingAdmissionPolicy, not by a webhook.
         let spec = in_force(policy)
             .into_compiled()
+            .filter(|c| {
+                super::intree::decide(c.spec().mode, Some(c))
+                    .program
+                    .is_none()
+            })
             .map(|c| Arc::new(c.spec().clone()));
         known.insert(name, (version, spec.clone()));
         spec

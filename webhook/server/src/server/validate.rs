@@ -52,6 +52,15 @@ pub fn judge(object: &str) -> Verdict {
     // validating webhook sees the object; a template reading `policy.generation` renders the same.
     let generation = policy.metadata.generation.unwrap_or(1);
     match CompiledPolicy::compile(&name, generation, &policy.spec) {
+        // `mode: InTree` is a promise that nothing on the request path depends on Splice: a
+        // policy that cannot keep it is refused, naming the expression.
+        Ok(compiled) if policy.spec.mode == splice_crds::Mode::InTree => match compiled.in_tree() {
+            Ok(_) => Verdict::Admit(compiled.warnings().to_vec()),
+            Err(why) => Verdict::Refuse(format!(
+                "policy {name}: spec.mode is InTree, but {why}; use mode Auto or Webhook, or \
+                 change that expression"
+            )),
+        },
         Ok(compiled) => Verdict::Admit(compiled.warnings().to_vec()),
         Err(e) => Verdict::Refuse(e.to_string()),
     }
@@ -74,6 +83,23 @@ mod tests {
             "spec": {"values": {"image": "proxy:1"}, "template": template},
             "status": {"conditions": []},
         })
+    }
+
+    #[test]
+    fn in_tree_is_refused_for_a_filter_naming_the_field_and_the_expression() {
+        let mut p = policy(serde_json::json!({
+            "containers": [{"name": "proxy", "image": "{{ namespace.name | upper }}"}],
+        }));
+        p["spec"]["mode"] = "InTree".into();
+        match judge_json(p.clone()) {
+            Verdict::Refuse(m) => {
+                assert!(m.contains("spec.template.containers[0].image"), "{m}");
+                assert!(m.contains("{{ namespace.name | upper }}"), "{m}");
+            }
+            Verdict::Admit(_) => panic!("admitted"),
+        }
+        p["spec"]["mode"] = "Auto".into();
+        assert!(matches!(judge_json(p), Verdict::Admit(_)));
     }
 
     #[test]

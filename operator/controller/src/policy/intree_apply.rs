@@ -1,0 +1,216 @@
+//! The API calls of in-tree mode: write a policy's MutatingAdmissionPolicy and binding by
+//! server-side apply when they differ (repairing drift), remove them, and tell when a newly
+//! written path has been in place long enough for the old one to go.
+
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use splice_crds::{InjectionPolicy, MANAGED_BY_LABEL, MANAGER};
+use splice_engine::InTreeProgram;
+
+use super::conditions::{PlannedEvent, Severity};
+use super::intree::{admission_policy_name, render_binding, render_policy};
+use super::reconcile::Error;
+use super::render::is_up_to_date;
+use crate::Context;
+
+/// How long a newly written admission path (webhook configuration, or admission policy and
+/// binding) stands before the old one is removed: the API server loads both kinds from its own
+/// watch caches, a moment after the write, and a pod admitted in between must meet one of them.
+pub const SETTLE: Duration = Duration::from_secs(3);
+
+/// Applies the admission policy, then its binding (so the binding never names a policy that
+/// does not exist yet). Returns the drift Event to publish, if one of them had been deleted or
+/// edited by someone else, and when the binding was created.
+pub async fn ensure(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    program: &InTreeProgram,
+    drift_matters: bool,
+) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error> {
+    let map = render_policy(policy, program, &ctx.namespace)?;
+    let binding = render_binding(policy)?;
+    let (e1, _) = apply_one(ctx, &map, "MutatingAdmissionPolicy").await?;
+    let (e2, created) = apply_one(ctx, &binding, "MutatingAdmissionPolicyBinding").await?;
+    let event = e1.or(e2).filter(|_| drift_matters);
+    Ok((event, created))
+}
+
+async fn apply_one<K>(
+    ctx: &Context,
+    desired: &K,
+    kind: &'static str,
+) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let err = |action: &'static str| {
+        let name = name.clone();
+        move |source| Error::InTree {
+            action,
+            kind,
+            name,
+            source,
+        }
+    };
+    let observed = api.get_opt(&name).await.map_err(err("reading"))?;
+    if let Some(o) = observed.as_ref().filter(|o| is_up_to_date(desired, *o)) {
+        return Ok((None, o.meta().creation_timestamp.as_ref().map(|t| t.0)));
+    }
+    ctx.ensure_leading()?;
+    let written = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(err("writing"))?;
+    tracing::info!(kind, name = %name, existed = observed.is_some(), "applied in-tree admission object");
+    let created = written.meta().creation_timestamp.as_ref().map(|t| t.0);
+    let note = match &observed {
+        None => format!("{kind} {name} had been deleted; recreated."),
+        Some(o) if edited_by_someone_else(o.meta()) => {
+            format!("{kind} {name} had been changed by another field manager; restored.")
+        }
+        Some(_) => return Ok((None, created)),
+    };
+    Ok((
+        Some(PlannedEvent {
+            severity: Severity::Warning,
+            reason: "AdmissionPolicyRestored".to_owned(),
+            action: "ApplyAdmissionPolicy",
+            note,
+        }),
+        created,
+    ))
+}
+
+fn edited_by_someone_else(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> bool {
+    meta.managed_fields.iter().flatten().any(|m| {
+        m.manager
+            .as_deref()
+            .is_some_and(|manager| manager != MANAGER)
+    })
+}
+
+/// Removes the policy's binding, then its admission policy, when they are Splice's. Returns true
+/// when one existed.
+pub async fn remove(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Error> {
+    let name = admission_policy_name(&policy.name_any());
+    let a = remove_one::<MutatingAdmissionPolicyBinding>(
+        ctx,
+        policy,
+        &name,
+        "MutatingAdmissionPolicyBinding",
+    )
+    .await?;
+    let b = remove_one::<MutatingAdmissionPolicy>(ctx, policy, &name, "MutatingAdmissionPolicy")
+        .await?;
+    Ok(a || b)
+}
+
+async fn remove_one<K>(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    name: &str,
+    kind: &'static str,
+) -> Result<bool, Error>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let err = |action: &'static str| {
+        let name = name.to_owned();
+        move |source| Error::InTree {
+            action,
+            kind,
+            name,
+            source,
+        }
+    };
+    let Some(existing) = api.get_opt(name).await.map_err(err("reading"))? else {
+        return Ok(false);
+    };
+    let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
+        || existing
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
+    if !ours {
+        tracing::warn!(
+            kind,
+            name,
+            "not removing an admission object Splice does not manage"
+        );
+        return Ok(false);
+    }
+    ctx.ensure_leading()?;
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: existing.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => {
+            tracing::info!(kind, name, "removed in-tree admission object");
+            Ok(true)
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
+        Err(source) => Err(err("removing")(source)),
+    }
+}
+
+/// True when the in-tree objects of `policy` exist (an earlier mode).
+pub async fn exists(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Error> {
+    let name = admission_policy_name(&policy.name_any());
+    let api: Api<MutatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
+    let found = api.get_opt(&name).await.map_err(|source| Error::InTree {
+        action: "reading",
+        kind: "MutatingAdmissionPolicyBinding",
+        name: name.clone(),
+        source,
+    })?;
+    Ok(found.is_some())
+}
+
+/// When the webhook configuration `name` was created, if it exists.
+pub async fn webhook_created(ctx: &Context, name: &str) -> Result<Option<Timestamp>, Error> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    let found = api.get_opt(name).await.map_err(|source| Error::Read {
+        name: name.to_owned(),
+        source,
+    })?;
+    Ok(found.and_then(|c| c.metadata.creation_timestamp.map(|t| t.0)))
+}
+
+/// How long to wait before the old path may be removed, given when the new one was created;
+/// `None` when it may go now.
+pub fn still_settling(created: Option<Timestamp>, now: Timestamp) -> Option<Duration> {
+    let created = created?;
+    let age = now.duration_since(created);
+    let settle = k8s_openapi::jiff::SignedDuration::try_from(SETTLE).ok()?;
+    (age < settle).then(|| Duration::try_from(settle - age).unwrap_or(SETTLE))
+}

@@ -1,0 +1,803 @@
+//! In-tree mode: a policy whose injection can be computed by the API server itself becomes the
+//! CEL of a MutatingAdmissionPolicy (`patchType: JSONPatch`) that yields the same patch as the
+//! planner does for a pod this policy has not injected yet.
+//!
+//! Only what is provably identical goes in-tree: strings rendered at compile time (they only read
+//! `policy` and `values`), and strings whose `{{ … }}` expressions are plain references to the
+//! namespace's name, labels or annotations or to the pod's own metadata, concatenated with
+//! literal text. Anything else (a filter, a test, a condition, a loop, arithmetic, any other
+//! field) keeps the webhook, and [`WebhookOnly`] names the field and the expression.
+//!
+//! The CEL mirrors [`crate::plan`] for a first injection: the injected init containers go before
+//! the pod's own, containers and volumes after, env and volume mounts into every application
+//! container; an item whose name the pod already holds is the author's and is kept; lists absent
+//! from the pod are added whole; `splice.dev/status` gets this policy's entry written byte for
+//! byte as the webhook writes it. A pod that already carries this policy's entry is left alone,
+//! which makes the policy idempotent under reinvocation.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+use splice_crds::{Operation, STATUS_ANNOTATION};
+
+use super::CompiledPolicy;
+use super::template::{Hole, Seg, TemplateItem, TemplateString};
+
+/// Why a policy stays on the webhook: the first field whose expression CEL cannot reproduce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookOnly {
+    /// The policy field (`spec.template.containers[0].env[1].value`, `spec.operations`).
+    pub field: String,
+    /// The template expression that keeps it on the webhook, when a template does.
+    pub expression: Option<String>,
+    pub reason: String,
+}
+
+impl std::fmt::Display for WebhookOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.expression {
+            Some(e) => write!(f, "{}: {:?} {}", self.field, e, self.reason),
+            None => write!(f, "{}: {}", self.field, self.reason),
+        }
+    }
+}
+
+impl std::error::Error for WebhookOnly {}
+
+/// A named CEL expression of the MutatingAdmissionPolicy (`spec.variables`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CelVariable {
+    pub name: String,
+    pub expression: String,
+}
+
+/// The CEL program of a policy that runs in-tree: its variables and its JSONPatch expression.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InTreeProgram {
+    pub variables: Vec<CelVariable>,
+    pub patch: String,
+}
+
+impl CompiledPolicy {
+    /// The policy as a MutatingAdmissionPolicy's CEL, or the first reason it needs the webhook.
+    pub fn in_tree(&self) -> Result<InTreeProgram, WebhookOnly> {
+        if self.spec.operations.contains(&Operation::Update) {
+            return Err(WebhookOnly {
+                field: "spec.operations".into(),
+                expression: None,
+                reason: "UPDATE re-renders labels and annotations of an injected pod, which only \
+                         the webhook does"
+                    .into(),
+            });
+        }
+        let t = &self.templates;
+        let lists = [
+            &t.init_containers,
+            &t.containers,
+            &t.volumes,
+            &t.env_vars,
+            &t.volume_mounts,
+        ];
+        let mut items: Vec<Vec<(String, String)>> = Vec::with_capacity(5);
+        for list in lists {
+            let mut out = Vec::with_capacity(list.len());
+            for item in list {
+                out.push(self.item(item)?);
+            }
+            items.push(out);
+        }
+        let labels = self.strings(&t.labels, "spec.template.labels", true)?;
+        let annotations = self.strings(&t.annotations, "spec.template.annotations", false)?;
+        let mut it = items.into_iter();
+        let mut next = || it.next().unwrap_or_default();
+        let lists = Lists {
+            init: next(),
+            containers: next(),
+            volumes: next(),
+            env: next(),
+            mounts: next(),
+        };
+        Ok(program(
+            &self.name,
+            &self.hash,
+            &lists,
+            &labels,
+            &annotations,
+        ))
+    }
+
+    /// One injected item: its key, and its value as a CEL literal.
+    fn item(&self, item: &TemplateItem) -> Result<(String, String), WebhookOnly> {
+        let Some(key) = item.static_key() else {
+            let hole = item.holes().iter().find(|h| h.path.len() == 1);
+            return Err(WebhookOnly {
+                field: hole.map_or_else(|| item.field.clone(), |h| h.field.clone()),
+                expression: hole.and_then(|h| self.templates.source(h)),
+                reason: "a templated name is only known per request, and the record of what was \
+                         injected is written by name"
+                    .into(),
+            });
+        };
+        let mut refs = Vec::with_capacity(item.holes().len());
+        for hole in item.holes() {
+            refs.push((hole.path.clone(), self.hole(hole)?));
+        }
+        Ok((key.to_owned(), literal(item.base(), &mut Vec::new(), &refs)))
+    }
+
+    /// Labels or annotations: (key, value as a CEL string expression), in key order.
+    fn strings(
+        &self,
+        list: &[TemplateString],
+        _field: &str,
+        labels: bool,
+    ) -> Result<Vec<(String, String)>, WebhookOnly> {
+        let mut out = Vec::with_capacity(list.len());
+        for s in list {
+            let value = match (s.static_value(), s.hole()) {
+                (Some(v), _) => cel_string(v),
+                (None, Some(hole)) if labels => {
+                    return Err(WebhookOnly {
+                        field: hole.field.clone(),
+                        expression: self.templates.source(hole),
+                        reason: "a label value rendered per request must be checked as a label \
+                                 value before it is written, which only the webhook does"
+                            .into(),
+                    });
+                }
+                (None, Some(hole)) => self.hole(hole)?,
+                (None, None) => cel_string(""),
+            };
+            out.push((s.key.clone(), value));
+        }
+        Ok(out)
+    }
+
+    /// A string rendered per request, as a CEL concatenation; only plain references qualify.
+    fn hole(&self, hole: &Hole) -> Result<String, WebhookOnly> {
+        let source = self.templates.source(hole).unwrap_or_default();
+        let statics = Statics {
+            policy: &self.name,
+            generation: self.generation,
+            values: &self.spec.values,
+        };
+        to_cel(&source, &statics).map_err(|reason| WebhookOnly {
+            field: hole.field.clone(),
+            expression: Some(source.clone()),
+            reason,
+        })
+    }
+}
+
+/// What a template reads that is fixed when the policy compiles: `policy` and `values`.
+struct Statics<'a> {
+    policy: &'a str,
+    generation: i64,
+    values: &'a std::collections::BTreeMap<String, String>,
+}
+
+/// The template `source` as a CEL string expression, or why it cannot be one.
+fn to_cel(source: &str, statics: &Statics<'_>) -> Result<String, String> {
+    let mut parts: Vec<String> = Vec::new();
+    let mut rest = source;
+    while !rest.is_empty() {
+        let Some(open) = rest.find("{{") else {
+            literal_text(rest, &mut parts)?;
+            break;
+        };
+        literal_text(&rest[..open], &mut parts)?;
+        let after = &rest[open + 2..];
+        let close = after
+            .find("}}")
+            .ok_or_else(|| "an unterminated expression".to_owned())?;
+        let expr = &after[..close];
+        if expr.starts_with(['-', '+']) || expr.ends_with(['-', '+']) {
+            return Err("whitespace control is not reproduced in CEL".into());
+        }
+        parts.push(reference(expr.trim(), statics)?);
+        rest = &after[close + 2..];
+    }
+    Ok(if parts.is_empty() {
+        cel_string("")
+    } else {
+        parts.join(" + ")
+    })
+}
+
+fn literal_text(text: &str, parts: &mut Vec<String>) -> Result<(), String> {
+    if text.contains("{%") || text.contains("{#") {
+        return Err("a statement or comment (conditions, loops) is not reproduced in CEL".into());
+    }
+    if !text.is_empty() {
+        parts.push(cel_string(text));
+    }
+    Ok(())
+}
+
+/// A plain reference (`namespace.name`, `namespace.labels.app`, `pod.metadata.labels["a/b"]`) as
+/// the CEL that reads the same value from the admission request.
+fn reference(expr: &str, statics: &Statics<'_>) -> Result<String, String> {
+    let path = parse_path(expr).ok_or_else(|| {
+        "uses more than a plain reference (a filter, a test, an operator or a call)".to_owned()
+    })?;
+    let p: Vec<&str> = path.iter().map(String::as_str).collect();
+    match p.as_slice() {
+        // `string()` types the value for the literal lists and maps around it (the API server's
+        // CEL sees the metadata maps' values as dyn); on a string it is the identity, and a
+        // missing key still fails the expression as an undefined value fails the template.
+        ["namespace", "name"] => Ok("request.namespace".into()),
+        // Constants: rendered here as the webhook renders them.
+        ["policy", "name"] => Ok(cel_string(statics.policy)),
+        ["policy", "generation"] => Ok(cel_string(&statics.generation.to_string())),
+        ["values", key] => statics
+            .values
+            .get(*key)
+            .map(|v| cel_string(v))
+            .ok_or_else(|| format!("reads values.{key}, which is not defined")),
+        ["namespace", map @ ("labels" | "annotations"), key] => Ok(format!(
+            "string(namespaceObject.metadata.{map}[{}])",
+            cel_string(key)
+        )),
+        [
+            "pod",
+            "metadata",
+            field @ ("name" | "generateName" | "namespace"),
+        ] => Ok(format!("string(object.metadata.{field})")),
+        ["pod", "metadata", map @ ("labels" | "annotations"), key] => Ok(format!(
+            "string(object.metadata.{map}[{}])",
+            cel_string(key)
+        )),
+        _ => Err(format!(
+            "reads {}, which the in-tree form does not read (it reads the namespace's name, \
+             labels and annotations, the pod's own metadata, policy and values)",
+            path.join(".")
+        )),
+    }
+}
+
+/// `a.b["c"].d` as its segments; `None` for anything but identifiers, dots and string subscripts.
+fn parse_path(expr: &str) -> Option<Vec<String>> {
+    let ident = |s: &str| -> Option<usize> {
+        let n = s
+            .bytes()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == b'_')
+            .count();
+        (n > 0 && !s.as_bytes()[0].is_ascii_digit()).then_some(n)
+    };
+    let mut out = Vec::new();
+    let n = ident(expr)?;
+    out.push(expr[..n].to_owned());
+    let mut rest = &expr[n..];
+    while !rest.is_empty() {
+        if let Some(r) = rest.strip_prefix('.') {
+            let n = ident(r)?;
+            out.push(r[..n].to_owned());
+            rest = &r[n..];
+        } else if let Some(r) = rest.strip_prefix('[') {
+            let quote = r.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            let body = &r[1..];
+            let end = body.find(quote)?;
+            let key = &body[..end];
+            if key.contains('\\') {
+                return None;
+            }
+            out.push(key.to_owned());
+            rest = body[end + 1..].strip_prefix(']')?;
+        } else {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// A JSON value as a CEL literal: every map value and list element wrapped in `dyn()` so the
+/// API server's homogeneous-literal check accepts mixed types; `refs` replace strings rendered
+/// per request, by their path inside the item.
+fn literal(v: &Value, path: &mut Vec<Seg>, refs: &[(Vec<Seg>, String)]) -> String {
+    if let Some((_, cel)) = refs.iter().find(|(p, _)| p == path) {
+        return cel.clone();
+    }
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => i.to_string(),
+            (None, Some(f)) => format!("{f:?}"),
+            (None, None) => n.to_string(),
+        },
+        Value::String(s) => cel_string(s),
+        Value::Array(items) => {
+            let mut out = String::from("[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                path.push(Seg::Index(i));
+                let _ = write!(out, "dyn({})", literal(item, path, refs));
+                path.pop();
+            }
+            out.push(']');
+            out
+        }
+        Value::Object(map) => {
+            let mut out = String::from("{");
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                path.push(Seg::Key(k.clone()));
+                let _ = write!(out, "{}: dyn({})", cel_string(k), literal(item, path, refs));
+                path.pop();
+            }
+            out.push('}');
+            out
+        }
+    }
+}
+
+/// A CEL string literal holding exactly `s`.
+pub(crate) fn cel_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `s` as the JSON text serde_json writes for it (the provenance record's names).
+fn json_text(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+/// A JSON Pointer segment (RFC 6901).
+fn pointer_segment(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+/// The injected lists: (key, CEL literal) per item, in template order.
+struct Lists {
+    init: Vec<(String, String)>,
+    containers: Vec<(String, String)>,
+    volumes: Vec<(String, String)>,
+    env: Vec<(String, String)>,
+    mounts: Vec<(String, String)>,
+}
+
+fn list_of(items: impl IntoIterator<Item = String>) -> String {
+    let v: Vec<String> = items.into_iter().collect();
+    format!("[{}]", v.join(", "))
+}
+
+fn keys(items: &[(String, String)]) -> String {
+    list_of(items.iter().map(|(k, _)| cel_string(k)))
+}
+
+fn json_keys(items: &[(String, String)]) -> String {
+    list_of(items.iter().map(|(k, _)| cel_string(&json_text(k))))
+}
+
+fn values(items: &[(String, String)]) -> String {
+    list_of(items.iter().map(|(_, v)| format!("dyn({v})")))
+}
+
+fn var(name: &str, expression: String) -> CelVariable {
+    CelVariable {
+        name: name.to_owned(),
+        expression,
+    }
+}
+
+/// The variables and the patch expression. Variable names are short because they are repeated.
+fn program(
+    policy: &str,
+    hash: &str,
+    l: &Lists,
+    labels: &[(String, String)],
+    annotations: &[(String, String)],
+) -> InTreeProgram {
+    let status_key = cel_string(STATUS_ANNOTATION);
+    let mut vars = vec![
+        var("ann", "object.metadata.?annotations.orValue({})".into()),
+        var(
+            "status",
+            format!("variables.ann[?{status_key}].orValue(\"\")"),
+        ),
+        // The webhook's record of this policy is there: a reinvocation, or a pod copied from an
+        // injected one. Either way this policy has nothing to add.
+        var(
+            "mine",
+            format!(
+                "variables.status.contains({})",
+                cel_string(&format!("{}:{{\"hash\":", json_text(policy)))
+            ),
+        ),
+        // Names of the pod's own containers and init containers: one name space.
+        var(
+            "own",
+            "object.spec.?initContainers.orValue([]).map(c, c.name) + \
+             object.spec.?containers.orValue([]).map(c, c.name)"
+                .into(),
+        ),
+    ];
+    let mut ops: Vec<String> = Vec::new();
+    let mut entry: Vec<String> = vec![cel_string(&format!("{{\"hash\":{}", json_text(hash)))];
+
+    // Labels and annotations the pod lacks (a key it holds is the author's and is kept).
+    let meta = |what: &str, items: &[(String, String)], vars: &mut Vec<CelVariable>| {
+        let idx = format!("{what}Idx");
+        vars.push(var(
+            &format!("{what}Keys"),
+            list_of(items.iter().map(|(k, _)| cel_string(k))),
+        ));
+        vars.push(var(
+            &idx,
+            format!(
+                "lists.range({}).filter(k, !(variables.{what}Keys[k] in object.metadata.?{what}.orValue({{}})))",
+                items.len()
+            ),
+        ));
+        idx
+    };
+    if !labels.is_empty() {
+        let idx = meta("labels", labels, &mut vars);
+        vars.push(var(
+            "labelsPaths",
+            list_of(
+                labels
+                    .iter()
+                    .map(|(k, _)| cel_string(&format!("/metadata/labels/{}", pointer_segment(k)))),
+            ),
+        ));
+        vars.push(var(
+            "labelsValues",
+            list_of(labels.iter().map(|(_, v)| v.clone())),
+        ));
+        let whole = format!(
+            "{{{}}}",
+            labels
+                .iter()
+                .map(|(k, v)| format!("{}: {v}", cel_string(k)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        ops.push(format!(
+            "(has(object.metadata.labels) ? variables.{idx}.map(k, JSONPatch{{op: \"add\", path: variables.labelsPaths[k], value: variables.labelsValues[k]}}) : [JSONPatch{{op: \"add\", path: \"/metadata/labels\", value: {whole}}}])"
+        ));
+    }
+    let ann_idx = (!annotations.is_empty()).then(|| {
+        let idx = meta("annotations", annotations, &mut vars);
+        vars.push(var(
+            "annotationsPaths",
+            list_of(annotations.iter().map(|(k, _)| {
+                cel_string(&format!("/metadata/annotations/{}", pointer_segment(k)))
+            })),
+        ));
+        vars.push(var(
+            "annotationsValues",
+            list_of(annotations.iter().map(|(_, v)| v.clone())),
+        ));
+        idx
+    });
+
+    // Spec: init containers first, before the pod's own, in template order.
+    if !l.init.is_empty() {
+        vars.push(var("initNames", keys(&l.init)));
+        vars.push(var("initJson", json_keys(&l.init)));
+        vars.push(var("initItems", values(&l.init)));
+        vars.push(var(
+            "initIdx",
+            format!(
+                "lists.range({}).filter(k, !(variables.initNames[k] in variables.own))",
+                l.init.len()
+            ),
+        ));
+        ops.push(
+            "(has(object.spec.initContainers) \
+             ? variables.initIdx.transformList(p, k, JSONPatch{op: \"add\", path: \"/spec/initContainers/\" + string(p), value: variables.initItems[k]}) \
+             : (size(variables.initIdx) == 0 ? [] : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.initIdx.map(k, variables.initItems[k])}]))"
+                .into(),
+        );
+        entry.push(
+            "(size(variables.initIdx) == 0 ? \"\" : \",\\\"initContainers\\\":[\" + variables.initIdx.map(k, variables.initJson[k]).join(\",\") + \"]\")"
+                .to_owned(),
+        );
+    }
+    // Env and volume mounts go into every application container: the pod's own, less those
+    // another Splice policy recorded as injected.
+    let per_container = [
+        ("env", "name", &l.env),
+        ("volumeMounts", "mountPath", &l.mounts),
+    ];
+    let per_container_used = per_container.iter().any(|(_, _, items)| !items.is_empty());
+    if per_container_used {
+        vars.push(var(
+            "others",
+            format!(
+                "variables.status.findAll({}).map(m, m.substring(m.indexOf(\"[\") + 1, size(m) - 1).split(\",\").map(n, n.substring(1, size(n) - 1))).flatten()",
+                cel_string("\"(containers|initContainers)\":\\[[^\\]]+\\]")
+            ),
+        ));
+        vars.push(var(
+            "apps",
+            "lists.range(size(object.spec.?containers.orValue([]))).filter(i, !(object.spec.containers[i].name in variables.others))"
+                .into(),
+        ));
+    }
+    let mut container_ops = Vec::new();
+    let mut container_entries = Vec::new();
+    for (list, key, items) in per_container {
+        if items.is_empty() {
+            continue;
+        }
+        vars.push(var(&format!("{list}Names"), keys(items)));
+        vars.push(var(&format!("{list}Json"), json_keys(items)));
+        vars.push(var(&format!("{list}Items"), values(items)));
+        // Per application container (by position in `apps`), the items its author did not
+        // already write under the same key.
+        vars.push(var(
+            &format!("{list}Keep"),
+            format!(
+                "variables.apps.map(i, lists.range({n}).filter(k, !object.spec.containers[i].?{list}.orValue([]).exists(e, e.{key} == variables.{list}Names[k])))",
+                n = items.len()
+            ),
+        ));
+        container_ops.push(format!(
+            "lists.range(size(variables.apps)).map(a, has(object.spec.containers[variables.apps[a]].{list}) \
+             ? variables.{list}Keep[a].map(k, JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}/-\", value: variables.{list}Items[k]}}) \
+             : (size(variables.{list}Keep[a]) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}\", value: variables.{list}Keep[a].map(k, variables.{list}Items[k])}}])).flatten()"
+        ));
+        container_entries.push(format!(
+            "[lists.range(size(variables.apps)).filter(a, size(variables.{list}Keep[a]) > 0).sortBy(a, object.spec.containers[variables.apps[a]].name)].map(s, size(s) == 0 ? \"\" : \",\\\"{list}\\\":{{\" + s.map(a, \"\\\"\" + object.spec.containers[variables.apps[a]].name + \"\\\":[\" + variables.{list}Keep[a].map(k, variables.{list}Json[k]).join(\",\") + \"]\").join(\",\") + \"}}\")[0]"
+        ));
+    }
+    ops.extend(container_ops);
+    // Containers and volumes are appended after the pod's own.
+    for (list, items, taken) in [
+        ("containers", &l.containers, "variables.own"),
+        (
+            "volumes",
+            &l.volumes,
+            "object.spec.?volumes.orValue([]).map(v, v.name)",
+        ),
+    ] {
+        if items.is_empty() {
+            continue;
+        }
+        vars.push(var(&format!("{list}Names"), keys(items)));
+        vars.push(var(&format!("{list}Json"), json_keys(items)));
+        vars.push(var(&format!("{list}Items"), values(items)));
+        vars.push(var(
+            &format!("{list}Idx"),
+            format!(
+                "lists.range({}).filter(k, !(variables.{list}Names[k] in {taken}))",
+                items.len()
+            ),
+        ));
+        ops.push(format!(
+            "(has(object.spec.{list}) \
+             ? variables.{list}Idx.map(k, JSONPatch{{op: \"add\", path: \"/spec/{list}/-\", value: variables.{list}Items[k]}}) \
+             : (size(variables.{list}Idx) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/{list}\", value: variables.{list}Idx.map(k, variables.{list}Items[k])}}]))"
+        ));
+    }
+    // The record, in the webhook's key order: hash, initContainers, containers, volumes, env,
+    // volumeMounts, labels, annotations.
+    for list in ["containers", "volumes"] {
+        let present = match list {
+            "containers" => !l.containers.is_empty(),
+            _ => !l.volumes.is_empty(),
+        };
+        if present {
+            entry.push(format!(
+                "(size(variables.{list}Idx) == 0 ? \"\" : \",\\\"{list}\\\":[\" + variables.{list}Idx.map(k, variables.{list}Json[k]).join(\",\") + \"]\")"
+            ));
+        }
+    }
+    entry.extend(container_entries);
+    for (what, items) in [("labels", labels), ("annotations", annotations)] {
+        if items.is_empty() {
+            continue;
+        }
+        vars.push(var(
+            &format!("{what}Json"),
+            list_of(items.iter().map(|(k, _)| cel_string(&json_text(k)))),
+        ));
+        entry.push(format!(
+            "(size(variables.{what}Idx) == 0 ? \"\" : \",\\\"{what}\\\":[\" + variables.{what}Idx.map(k, variables.{what}Json[k]).join(\",\") + \"]\")"
+        ));
+    }
+    entry.push(cel_string("}"));
+    vars.push(var("entry", entry.join(" + ")));
+    // The status annotation: this entry alone, or appended to the other policies' entries when
+    // the annotation holds a record in Splice's own compact form (what the webhook's ordered
+    // map re-serializes to the same text); anything else is replaced, as the webhook replaces an
+    // unreadable record.
+    vars.push(var(
+        "record",
+        format!(
+            "variables.status.matches({re}) ? variables.status.substring(0, size(variables.status) - 1) + {sep} + variables.entry + \"}}\" : {own} + variables.entry + \"}}\"",
+            re = cel_string(RECORD_RE),
+            sep = cel_string(&format!(",{}:", json_text(policy))),
+            own = cel_string(&format!("{{{}:", json_text(policy))),
+        ),
+    ));
+    let whole_annotations = {
+        let mut fields: Vec<String> = annotations
+            .iter()
+            .map(|(k, v)| format!("{}: {v}", cel_string(k)))
+            .collect();
+        fields.push(format!("{status_key}: variables.record"));
+        format!("{{{}}}", fields.join(", "))
+    };
+    let add_missing = ann_idx.map(|idx| {
+        format!(
+            "variables.{idx}.map(k, JSONPatch{{op: \"add\", path: variables.annotationsPaths[k], value: variables.annotationsValues[k]}}) + "
+        )
+    });
+    let status_path = cel_string(&format!(
+        "/metadata/annotations/{}",
+        pointer_segment(STATUS_ANNOTATION)
+    ));
+    ops.insert(
+        usize::from(!labels.is_empty()),
+        format!(
+            "(has(object.metadata.annotations) ? {add}[JSONPatch{{op: ({status_key} in variables.ann) ? \"replace\" : \"add\", path: {status_path}, value: variables.record}}] : [JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {whole_annotations}}}])",
+            add = add_missing.unwrap_or_default(),
+        ),
+    );
+    let patch = format!("variables.mine ? [] : {}", ops.join(" + "));
+    InTreeProgram {
+        variables: vars,
+        patch,
+    }
+}
+
+/// A `splice.dev/status` record with at least one entry, each as Splice writes it: a name, then
+/// an object of strings, lists of strings and maps of lists of strings, compact.
+const RECORD_RE: &str =
+    r#"^\{"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\}(,"[^"\\]+":\{[^{}]*(\{[^{}]*\}[^{}]*)*\})*\}$"#;
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use splice_crds::InjectionPolicySpec;
+
+    fn compiled(yaml: &str) -> CompiledPolicy {
+        let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
+        CompiledPolicy::compile("mesh", 1, &spec).unwrap()
+    }
+
+    fn to_cel(source: &str) -> Result<String, String> {
+        let values = std::collections::BTreeMap::from([("img".to_owned(), "p:1".to_owned())]);
+        super::to_cel(
+            source,
+            &Statics {
+                policy: "mesh",
+                generation: 3,
+                values: &values,
+            },
+        )
+    }
+
+    #[test]
+    fn plain_references_become_the_cel_that_reads_the_same_value() {
+        assert_eq!(to_cel("{{ namespace.name }}").unwrap(), "request.namespace");
+        assert_eq!(
+            to_cel(
+                "{{ policy.name }}/{{ values.img }}@{{ policy.generation }} in {{ namespace.name }}"
+            )
+            .unwrap(),
+            "\"mesh\" + \"/\" + \"p:1\" + \"@\" + \"3\" + \" in \" + request.namespace"
+        );
+        assert_eq!(
+            to_cel("a-{{namespace.labels[\"team/x\"]}}-b").unwrap(),
+            "\"a-\" + string(namespaceObject.metadata.labels[\"team/x\"]) + \"-b\""
+        );
+        assert_eq!(
+            to_cel("{{ pod.metadata.annotations.owner }}").unwrap(),
+            "string(object.metadata.annotations[\"owner\"])"
+        );
+    }
+
+    #[test]
+    fn anything_but_a_plain_reference_is_refused_with_a_reason() {
+        for source in [
+            "{{ namespace.name | upper }}",
+            "{{ namespace.name ~ 'x' }}",
+            "{% if pod.metadata.name %}x{% endif %}",
+            "{{- namespace.name }}",
+            "{{ pod.spec.containers[0].name }}",
+            "{{ namespace.labels }}",
+        ] {
+            assert!(to_cel(source).is_err(), "{source}");
+        }
+    }
+
+    #[test]
+    fn cel_strings_escape_quotes_backslashes_and_control_characters() {
+        assert_eq!(cel_string("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+        assert_eq!(cel_string("é"), "\"é\"");
+    }
+
+    #[test]
+    fn a_literal_wraps_every_member_in_dyn_and_substitutes_the_references() {
+        let v = serde_json::json!({"name": "x", "ports": [{"containerPort": 80}], "env": [{"value": "t"}]});
+        let refs = vec![(
+            vec![
+                Seg::Key("env".into()),
+                Seg::Index(0),
+                Seg::Key("value".into()),
+            ],
+            "request.namespace".to_owned(),
+        )];
+        assert_eq!(
+            literal(&v, &mut Vec::new(), &refs),
+            "{\"name\": dyn(\"x\"), \"ports\": dyn([dyn({\"containerPort\": dyn(80)})]), \"env\": dyn([dyn({\"value\": dyn(request.namespace)})])}"
+        );
+    }
+
+    #[test]
+    fn update_templated_names_and_templated_label_values_keep_the_webhook() {
+        let update = compiled("operations: [CREATE, UPDATE]\ntemplate: {labels: {a: b}}");
+        assert_eq!(update.in_tree().unwrap_err().field, "spec.operations");
+        let name =
+            compiled("template: {containers: [{name: \"{{ pod.metadata.name }}-x\", image: i}]}");
+        assert_eq!(
+            name.in_tree().unwrap_err().field,
+            "spec.template.containers[0].name"
+        );
+        let label = compiled("template: {labels: {ns: \"{{ namespace.name }}\"}}");
+        let why = label.in_tree().unwrap_err();
+        assert_eq!(why.field, "spec.template.labels.ns");
+        assert_eq!(why.expression.as_deref(), Some("{{ namespace.name }}"));
+    }
+
+    #[test]
+    fn the_record_is_built_in_the_webhooks_key_order_and_named_for_the_policy() {
+        let p = compiled(
+            "template: {initContainers: [{name: i, image: x}], containers: [{name: c, image: x}], \
+             volumes: [{name: v, emptyDir: {}}], env: [{name: E, value: x}], \
+             labels: {l: x}, annotations: {a: x}}",
+        );
+        let program = p.in_tree().unwrap();
+        let entry = &program
+            .variables
+            .iter()
+            .find(|v| v.name == "entry")
+            .unwrap()
+            .expression;
+        let order = [
+            "hash",
+            "initContainers",
+            "containers",
+            "volumes",
+            "env",
+            "labels",
+            "annotations",
+        ];
+        let at: Vec<usize> = order
+            .iter()
+            .map(|k| entry.find(&format!("\\\"{k}\\\"")).unwrap())
+            .collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{entry}");
+        let mine = &program
+            .variables
+            .iter()
+            .find(|v| v.name == "mine")
+            .unwrap()
+            .expression;
+        assert!(mine.contains("\\\"mesh\\\":{\\\"hash\\\":"), "{mine}");
+    }
+}
