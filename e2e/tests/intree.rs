@@ -96,6 +96,20 @@ async fn the_example_policy_runs_in_tree_under_auto_with_no_webhook_configuratio
         p.metadata.uid.as_deref()
     );
 
+    // Steady state: the objects Splice wrote are not written again.
+    let versions = || async {
+        let map = Api::<MutatingAdmissionPolicy>::all(s.client.clone())
+            .get(&format!("splice-{name}"))
+            .await?;
+        let binding = Api::<MutatingAdmissionPolicyBinding>::all(s.client.clone())
+            .get(&format!("splice-{name}"))
+            .await?;
+        anyhow::Ok((map.resource_version(), binding.resource_version()))
+    };
+    let before = versions().await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(versions().await?, before, "no write in steady state");
+
     let ns = s.app_namespace().await?;
     let pods = ns.api::<Pod>();
     wait_injecting(&s.client, &ns.name, &[], "mesh-proxy").await?;
