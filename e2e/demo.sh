@@ -46,17 +46,19 @@ step "Applying the example policy (examples/mesh-proxy.yaml)"
 kubectl apply -f "$root/examples/mesh-proxy.yaml"
 kubectl wait --for=condition=Ready ipol/mesh-proxy --timeout=60s
 kubectl get ipol mesh-proxy
-kubectl get mutatingwebhookconfiguration splice-mesh-proxy
+# Its templates only read values and the namespace's name, so under mode Auto it runs in-tree: a
+# MutatingAdmissionPolicy and its binding, and no webhook configuration.
+kubectl get mutatingadmissionpolicy,mutatingadmissionpolicybinding splice-mesh-proxy
 
 step "Creating a pod in a namespace labelled mesh=enabled"
 kubectl create namespace shop --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl label namespace shop mesh=enabled --overwrite >/dev/null
 wait_for "the default ServiceAccount in shop" 30 kubectl -n shop get serviceaccount default
 kubectl -n shop delete pod debug --ignore-not-found --wait=true >/dev/null
-# The API server loads a new webhook configuration asynchronously: a server-side dry run shows
-# when the webhook is live, without creating anything.
+# The API server loads a new admission policy asynchronously: a server-side dry run shows when it
+# is live, without creating anything.
 injected() { kubectl -n shop create --dry-run=server -f "$root/examples/pod.yaml" -o jsonpath='{.spec.initContainers[*].name}' | grep -q mesh-proxy; }
-wait_for "the webhook to be live" 30 injected
+wait_for "the injection to be live" 30 injected
 kubectl -n shop create -f "$root/examples/pod.yaml"
 kubectl -n shop wait --for=condition=Ready pod/debug --timeout=60s
 
@@ -72,7 +74,7 @@ cat <<MSG
 
 Done. The control plane and splice run keep running:
   export KUBECONFIG=$KUBECONFIG_PATH
-  $BIN_DIR/kubectl get ipol,mutatingwebhookconfigurations
+  $BIN_DIR/kubectl get ipol,mutatingadmissionpolicies,mutatingwebhookconfigurations
   $splice inject -p examples/mesh-proxy.yaml -f examples/deployment.yaml --namespace-label mesh=enabled
 Clean up everything (control plane, splice run, state): make down
 MSG

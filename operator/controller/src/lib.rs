@@ -653,6 +653,17 @@ async fn sweep_orphans(
         if let Err(e) = sweep_once(&configurations, &policies, &known, &leading).await {
             tracing::warn!(error = %e, "orphan sweep failed");
         }
+        // The in-tree objects of a deleted policy go the same way.
+        let maps = Api::<MutatingAdmissionPolicy>::all(client.clone());
+        let bindings = Api::<MutatingAdmissionPolicyBinding>::all(client.clone());
+        for result in [
+            sweep_once(&bindings, &policies, &known, &leading).await,
+            sweep_once(&maps, &policies, &known, &leading).await,
+        ] {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "orphan sweep of in-tree objects failed");
+            }
+        }
         tokio::select! {
             () = tokio::time::sleep(reconcile::RESYNC) => {}
             changed = policies_changed.changed() => if changed.is_err() { return },
@@ -660,12 +671,19 @@ async fn sweep_orphans(
     }
 }
 
-async fn sweep_once(
-    configurations: &Api<MutatingWebhookConfiguration>,
+async fn sweep_once<K>(
+    configurations: &Api<K>,
     policies: &Api<InjectionPolicy>,
     known: &Store<InjectionPolicy>,
     leading: &watch::Receiver<bool>,
-) -> Result<(), kube::Error> {
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
     let managed = configurations
         .list_metadata(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
         .await?;

@@ -222,6 +222,15 @@ pub fn apply_status(
     let (s, reason, message) = match (&decision.effective, &decision.webhook_only) {
         (Mode::InTree, _) if !served => {
             status.webhook_configuration = None;
+            // The outcome is worded for a webhook configuration; in-tree, the objects are these.
+            for c in &mut status.conditions {
+                if c.type_ == condition::READY || c.type_ == condition::WEBHOOK_CONFIGURED {
+                    c.message = c.message.replace(
+                        "MutatingWebhookConfiguration",
+                        "MutatingAdmissionPolicy (or its binding)",
+                    );
+                }
+            }
             (
                 ConditionStatus::False,
                 "NotInForce",

@@ -60,11 +60,11 @@ where
     let api: Api<K> = Api::all(ctx.client.clone());
     let err = |action: &'static str| {
         let name = name.clone();
-        move |source| Error::InTree {
+        move |source: kube::Error| Error::InTree {
             action,
             kind,
             name,
-            source,
+            message: super::reconcile::truncate(source.to_string(), 1500),
         }
     };
     let observed = api.get_opt(&name).await.map_err(err("reading"))?;
@@ -142,11 +142,11 @@ where
     let api: Api<K> = Api::all(ctx.client.clone());
     let err = |action: &'static str| {
         let name = name.to_owned();
-        move |source| Error::InTree {
+        move |source: kube::Error| Error::InTree {
             action,
             kind,
             name,
-            source,
+            message: super::reconcile::truncate(source.to_string(), 1500),
         }
     };
     let Some(existing) = api.get_opt(name).await.map_err(err("reading"))? else {
@@ -187,12 +187,15 @@ where
 pub async fn exists(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Error> {
     let name = admission_policy_name(&policy.name_any());
     let api: Api<MutatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
-    let found = api.get_opt(&name).await.map_err(|source| Error::InTree {
-        action: "reading",
-        kind: "MutatingAdmissionPolicyBinding",
-        name: name.clone(),
-        source,
-    })?;
+    let found = api
+        .get_opt(&name)
+        .await
+        .map_err(|source: kube::Error| Error::InTree {
+            action: "reading",
+            kind: "MutatingAdmissionPolicyBinding",
+            name: name.clone(),
+            message: super::reconcile::truncate(source.to_string(), 1500),
+        })?;
     Ok(found.is_some())
 }
 

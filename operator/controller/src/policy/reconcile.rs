@@ -55,12 +55,14 @@ pub enum Error {
     Read { name: String, source: kube::Error },
     #[error("writing the status of policy {name}: {source}")]
     Status { name: String, source: kube::Error },
-    #[error("{action} {kind} {name}: {source}")]
+    /// `message` is the API's answer, cut short: a refused admission policy comes back with its
+    /// whole CEL quoted, more than a condition message may hold.
+    #[error("{action} {kind} {name}: {message}")]
     InTree {
         action: &'static str,
         kind: &'static str,
         name: String,
-        source: kube::Error,
+        message: String,
     },
 }
 
