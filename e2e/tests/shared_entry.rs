@@ -87,6 +87,30 @@ async fn wait_entry(client: &Client, names: &[String], entry: &str) -> Result<()
     .await
 }
 
+/// Waits until every policy in `names` is Ready and served by one shared entry; returns it.
+async fn wait_shared(client: &Client, names: &[String]) -> Result<String> {
+    for name in names {
+        wait_policy(client, name, "True", Duration::from_secs(60)).await?;
+    }
+    wait_until(
+        Duration::from_secs(60),
+        &format!("{names:?} to share one entry"),
+        || async {
+            let mut entries = Vec::new();
+            for name in names {
+                entries.push(status_entry(client, name).await?);
+            }
+            let first = entries.first().cloned().flatten().unwrap_or_default();
+            Ok(first.starts_with("splice--group-")
+                && entries.iter().all(|e| e.as_deref() == Some(first.as_str())))
+        },
+    )
+    .await?;
+    status_entry(client, &names[0])
+        .await?
+        .context("no entry in status")
+}
+
 /// The configurations this test's policies own.
 async fn owned_configurations(client: &Client, instance: &str) -> Result<Vec<String>> {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -123,14 +147,7 @@ async fn ten_overlapping_policies_inject_each_pod_once_in_name_order_with_one_ca
     for (i, name) in names.iter().enumerate() {
         s.apply(name, member_spec(&s.instance, i)).await?;
     }
-    for name in &names {
-        wait_policy(&s.client, name, "True", Duration::from_secs(60)).await?;
-    }
-    let entry = status_entry(&s.client, &names[0])
-        .await?
-        .context("no entry in status")?;
-    ensure!(entry.starts_with("splice--group-"), "{entry}");
-    wait_entry(&s.client, &names, &entry).await?;
+    let entry = wait_shared(&s.client, &names).await?;
     // One entry, none of the policies' own.
     wait_until(
         Duration::from_secs(30),
@@ -250,9 +267,7 @@ async fn policies_under_different_terms_keep_their_own_entries_and_terms() -> Re
     for (name, _) in &specs {
         wait_policy(&s.client, &shared(name), "True", Duration::from_secs(60)).await?;
     }
-    let entry_a = status_entry(&s.client, &shared("a")).await?.context("a")?;
-    wait_entry(&s.client, &[shared("a"), shared("b")], &entry_a).await?;
-    ensure!(entry_a.starts_with("splice--group-"), "{entry_a}");
+    wait_shared(&s.client, &[shared("a"), shared("b")]).await?;
     wait_entry(
         &s.client,
         &[shared("c")],
@@ -303,11 +318,7 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
         s.apply(&name(i), member_spec(&s.instance, i)).await?;
     }
     let first: Vec<String> = (0..4).map(name).collect();
-    for n in &first {
-        wait_policy(&s.client, n, "True", Duration::from_secs(60)).await?;
-    }
-    let entry = status_entry(&s.client, &name(0)).await?.context("entry")?;
-    wait_entry(&s.client, &first, &entry).await?;
+    let entry = wait_shared(&s.client, &first).await?;
     let ns = s.app_namespace().await?;
     wait_injecting(&s.client, &ns.name, &[], "side-03").await?;
     wait_until(
@@ -417,8 +428,7 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
     // The survivors end in one entry again, and nothing of p01 (paused) or p03 (deleted) is left
     // in it.
     let survivors = [name(0), name(2), name(4)];
-    let entry = status_entry(&s.client, &name(0)).await?.context("entry")?;
-    wait_entry(&s.client, &survivors, &entry).await?;
+    let entry = wait_shared(&s.client, &survivors).await?;
     wait_until(
         Duration::from_secs(30),
         "one entry for the three survivors",
