@@ -53,14 +53,30 @@ fn labelled_as_splices<K: WebhookConfiguration>(name: &str) -> serde_json::Value
 const GUARD: &str = "splice-own-webhook-configurations-only";
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 
+/// `kubectl apply -f file`. The tests here run in parallel and install the same objects: a
+/// client-side apply that read "absent" just before another test created the object fails with
+/// AlreadyExists, and applied again it updates the object instead.
+fn apply_racing(file: &str) -> Result<()> {
+    match kubectl(&["apply", "-f", file]) {
+        Err(e) if e.to_string().contains("AlreadyExists") => {
+            kubectl(&["apply", "-f", file]).map(|_| ())
+        }
+        other => other.map(|_| ()),
+    }
+}
+
 /// Installs what the guard needs (Splice's RBAC and the guard itself) and returns a client acting
 /// as Splice's ServiceAccount, once the API server enforces the guard: it loads a new
 /// ValidatingAdmissionPolicy asynchronously, so until then a dry-run create of a configuration
 /// Splice does not manage (nothing stored either way) is admitted.
 async fn guarded_splice() -> Result<Client> {
-    kubectl(&["apply", "-f", "deploy/namespace.yaml"])?;
-    kubectl(&["apply", "-f", "deploy/rbac.yaml"])?;
-    kubectl(&["apply", "-f", "deploy/webhook-guard.yaml"])?;
+    for file in [
+        "deploy/namespace.yaml",
+        "deploy/rbac.yaml",
+        "deploy/webhook-guard.yaml",
+    ] {
+        apply_racing(file)?;
+    }
     let splice = as_splice_service_account().await?;
     let api: Api<MutatingWebhookConfiguration> = Api::all(splice.clone());
     let probe = configuration(&format!("e2e-guard-loaded-{}", unique_suffix()), None)?;
