@@ -8,16 +8,17 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
 };
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use splice_crds::{InjectionPolicy, MANAGED_BY_LABEL, MANAGER};
+use splice_crds::{InjectionPolicy, MANAGER};
 use splice_engine::InTreeProgram;
 
 use super::conditions::{PlannedEvent, Severity};
 use super::intree::{admission_policy_name, render_binding, render_policy};
 use super::reconcile::Error;
+use super::reconcile::{Removal, remove_if_ours};
 use super::render::is_up_to_date;
 use crate::Context;
 
@@ -139,48 +140,16 @@ where
         + DeserializeOwned,
     K::DynamicType: Default,
 {
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let err = |action: &'static str| {
-        let name = name.to_owned();
-        move |source: kube::Error| Error::InTree {
-            action,
-            kind,
-            name,
-            message: super::reconcile::truncate(source.to_string(), 1500),
-        }
+    let fail = |step, source: kube::Error| Error::InTree {
+        action: match step {
+            Removal::Reading => "reading",
+            Removal::Removing => "removing",
+        },
+        kind,
+        name: name.to_owned(),
+        message: super::reconcile::truncate(source.to_string(), 1500),
     };
-    let Some(existing) = api.get_opt(name).await.map_err(err("reading"))? else {
-        return Ok(false);
-    };
-    let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
-        || existing
-            .owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
-    if !ours {
-        tracing::warn!(
-            kind,
-            name,
-            "not removing an admission object Splice does not manage"
-        );
-        return Ok(false);
-    }
-    ctx.ensure_leading()?;
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: existing.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => {
-            tracing::info!(kind, name, "removed in-tree admission object");
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
-        Err(source) => Err(err("removing")(source)),
-    }
+    remove_if_ours::<K>(ctx, policy, name, fail).await
 }
 
 /// True when the in-tree objects of `policy` exist (an earlier mode).

@@ -509,13 +509,52 @@ async fn retire(
 /// labelled as managed by Splice); a configuration of the same name that someone else made is
 /// left alone.
 async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> Result<(), Error> {
-    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    let Some(existing) = api.get_opt(name).await.map_err(|source| Error::Read {
-        name: name.to_owned(),
-        source,
-    })?
+    let fail = |step, source| match step {
+        Removal::Reading => Error::Read {
+            name: name.to_owned(),
+            source,
+        },
+        Removal::Removing => Error::Remove {
+            name: name.to_owned(),
+            source,
+        },
+    };
+    remove_if_ours::<MutatingWebhookConfiguration>(ctx, policy, name, fail)
+        .await
+        .map(|_| ())
+}
+
+/// The step of [`remove_if_ours`] that failed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Removal {
+    Reading,
+    Removing,
+}
+
+/// Deletes the cluster-scoped object `name` if it is Splice's (labelled as managed by Splice, or
+/// owned by `policy`); one of the same name that someone else made is left alone. True when
+/// Splice's object existed. `fail` names a failed API call in the caller's terms.
+pub(crate) async fn remove_if_ours<K>(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    name: &str,
+    fail: impl Fn(Removal, kube::Error) -> Error,
+) -> Result<bool, Error>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let Some(existing) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| fail(Removal::Reading, e))?
     else {
-        return Ok(());
+        return Ok(false);
     };
     let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
         || existing
@@ -523,8 +562,8 @@ async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> R
             .iter()
             .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
     if !ours {
-        tracing::warn!(configuration = %name, "not removing a webhook configuration Splice does not manage");
-        return Ok(());
+        tracing::warn!(%kind, name, "not removing an object Splice does not manage");
+        return Ok(false);
     }
     ctx.ensure_leading()?;
     let params = DeleteParams {
@@ -536,14 +575,11 @@ async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> R
     };
     match api.delete(name, &params).await {
         Ok(_) => {
-            tracing::info!(configuration = %name, "removed webhook configuration");
-            Ok(())
+            tracing::info!(%kind, name, "removed");
+            Ok(true)
         }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
-        Err(source) => Err(Error::Remove {
-            name: name.to_owned(),
-            source,
-        }),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
+        Err(source) => Err(fail(Removal::Removing, source)),
     }
 }
 
