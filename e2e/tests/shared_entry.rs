@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -132,6 +132,26 @@ async fn owned_configurations(client: &Client, instance: &str) -> Result<Vec<Str
     Ok(names)
 }
 
+/// Waits until `entry` is the only configuration the test's policies own.
+async fn wait_sole(s: &Setup, entry: &str) -> Result<()> {
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{entry} to be the only configuration left"),
+        || async { Ok(owned_configurations(&s.client, &s.instance).await? == [entry.to_owned()]) },
+    )
+    .await
+}
+
+/// The URL or Service path the API server calls for `hook`.
+fn target_of(hook: &MutatingWebhook) -> String {
+    let service = hook.client_config.service.as_ref();
+    hook.client_config
+        .url
+        .clone()
+        .or_else(|| service.and_then(|s| s.path.clone()))
+        .unwrap_or_default()
+}
+
 fn count(names: &[String], name: &str) -> usize {
     names.iter().filter(|n| *n == name).count()
 }
@@ -149,29 +169,13 @@ async fn ten_overlapping_policies_inject_each_pod_once_in_name_order_with_one_ca
     }
     let entry = wait_shared(&s.client, &names).await?;
     // One entry, none of the policies' own.
-    wait_until(
-        Duration::from_secs(30),
-        "only the shared entry to remain",
-        || async { Ok(owned_configurations(&s.client, &s.instance).await? == [entry.clone()]) },
-    )
-    .await?;
+    wait_sole(&s, &entry).await?;
     let api: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
     let config = api.get(&entry).await?;
     let hooks = config.webhooks.unwrap_or_default();
     ensure!(hooks.len() == 1, "{hooks:?}");
     let webhook = hooks[0].name.clone();
-    let path = hooks[0]
-        .client_config
-        .url
-        .clone()
-        .or_else(|| {
-            hooks[0]
-                .client_config
-                .service
-                .as_ref()
-                .and_then(|s| s.path.clone())
-        })
-        .unwrap_or_default();
+    let path = target_of(&hooks[0]);
     ensure!(
         path.ends_with(&format!("/inject/{}", names.join(","))),
         "{path}"
@@ -321,12 +325,7 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
     let entry = wait_shared(&s.client, &first).await?;
     let ns = s.app_namespace().await?;
     wait_injecting(&s.client, &ns.name, &[], "side-03").await?;
-    wait_until(
-        Duration::from_secs(30),
-        "the policies' own entries to be gone",
-        || async { Ok(owned_configurations(&s.client, &s.instance).await? == [entry.clone()]) },
-    )
-    .await?;
+    wait_sole(&s, &entry).await?;
 
     let pods: Api<Pod> = ns.api();
     let stop = Arc::new(AtomicBool::new(false));
@@ -429,12 +428,7 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
     // in it.
     let survivors = [name(0), name(2), name(4)];
     let entry = wait_shared(&s.client, &survivors).await?;
-    wait_until(
-        Duration::from_secs(30),
-        "one entry for the three survivors",
-        || async { Ok(owned_configurations(&s.client, &s.instance).await? == [entry.clone()]) },
-    )
-    .await?;
+    wait_sole(&s, &entry).await?;
     let api: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
     let hook = api
         .get(&entry)
@@ -442,17 +436,7 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
         .webhooks
         .unwrap_or_default()
         .remove(0);
-    let target = hook
-        .client_config
-        .url
-        .clone()
-        .or_else(|| {
-            hook.client_config
-                .service
-                .as_ref()
-                .and_then(|s| s.path.clone())
-        })
-        .unwrap_or_default();
+    let target = target_of(&hook);
     ensure!(
         target.ends_with(&format!("/inject/{}", survivors.join(","))),
         "{target}"

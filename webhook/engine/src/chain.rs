@@ -28,6 +28,21 @@ pub struct Chained {
 
 /// Admits `request.object` through `policies` in the order given.
 pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -> Chained {
+    // One policy (most calls): its own patch as it planned it, shared with other pods of its
+    // shape; nothing to apply for a next policy, nothing to join.
+    if let [only] = policies {
+        let decided = inject(only, request);
+        let (patch, changed, warnings) = match &decided {
+            Ok(Decision::Inject(i)) => (i.patch.clone(), i.changed, i.warnings.clone()),
+            _ => (Bytes::from_static(b"[]"), false, Vec::new()),
+        };
+        return Chained {
+            decisions: vec![decided],
+            patch,
+            changed,
+            warnings,
+        };
+    }
     let mut chain = Chain::default();
     let mut decisions = Vec::with_capacity(policies.len());
     for (i, policy) in policies.iter().enumerate() {
@@ -55,15 +70,6 @@ pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -
             chain.warnings.extend(injection.warnings.iter().cloned());
         }
         decisions.push(decided);
-    }
-    // One policy: its own patch as it planned it (shared with other pods of its shape).
-    if let [Ok(Decision::Inject(only))] = &decisions[..] {
-        return Chained {
-            patch: only.patch.clone(),
-            changed: only.changed,
-            warnings: chain.warnings,
-            decisions,
-        };
     }
     let changed = !chain.ops.is_empty();
     if let Some(doc) = &chain.doc {

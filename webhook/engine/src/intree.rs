@@ -392,6 +392,14 @@ fn values(items: &[(String, String)]) -> String {
     list_of(items.iter().map(|(_, v)| format!("dyn({v})")))
 }
 
+/// The three variables every injected list is read through: `<list>Names` (the keys),
+/// `<list>Json` (the keys as JSON text, for the record) and `<list>Items` (the values).
+fn item_vars(vars: &mut Vec<CelVariable>, list: &str, items: &[(String, String)]) {
+    vars.push(var(&format!("{list}Names"), keys(items)));
+    vars.push(var(&format!("{list}Json"), json_keys(items)));
+    vars.push(var(&format!("{list}Items"), values(items)));
+}
+
 fn var(name: &str, expression: String) -> CelVariable {
     CelVariable {
         name: name.to_owned(),
@@ -493,9 +501,7 @@ fn program(
 
     // Spec: init containers first, before the pod's own, in template order.
     if !l.init.is_empty() {
-        vars.push(var("initNames", keys(&l.init)));
-        vars.push(var("initJson", json_keys(&l.init)));
-        vars.push(var("initItems", values(&l.init)));
+        item_vars(&mut vars, "init", &l.init);
         vars.push(var(
             "initIdx",
             format!(
@@ -541,9 +547,7 @@ fn program(
         if items.is_empty() {
             continue;
         }
-        vars.push(var(&format!("{list}Names"), keys(items)));
-        vars.push(var(&format!("{list}Json"), json_keys(items)));
-        vars.push(var(&format!("{list}Items"), values(items)));
+        item_vars(&mut vars, list, items);
         // Per application container (by position in `apps`), the items its author did not
         // already write under the same key.
         vars.push(var(
@@ -575,9 +579,7 @@ fn program(
         if items.is_empty() {
             continue;
         }
-        vars.push(var(&format!("{list}Names"), keys(items)));
-        vars.push(var(&format!("{list}Json"), json_keys(items)));
-        vars.push(var(&format!("{list}Items"), values(items)));
+        item_vars(&mut vars, list, items);
         vars.push(var(
             &format!("{list}Idx"),
             format!(
