@@ -3,7 +3,8 @@
 # kube-controller-manager, kube-scheduler and kwok with two fake nodes.
 #
 #   up.sh            start everything, wait for /readyz and Ready nodes
-#   env: SPLICE_RUN_DIR (default ~/.cache/splice/run), SPLICE_PORT_BASE (default 16440)
+#   env: SPLICE_RUN_DIR (default ~/.cache/splice/run), SPLICE_PORT_BASE (default 16440),
+#        SPLICE_APISERVER_ARGS (extra kube-apiserver flags, split on spaces; e.g. an audit log)
 #
 # The admin kubeconfig is written to $SPLICE_RUN_DIR/kubeconfig.
 set -euo pipefail
@@ -113,7 +114,8 @@ launch kube-apiserver "$BIN_DIR/kube-apiserver" \
   --allow-privileged=true \
   --disable-admission-plugins TaintNodesByCondition \
   --enable-priority-and-fairness=false \
-  --profiling=false
+  --profiling=false \
+  ${SPLICE_APISERVER_ARGS:-}
 wait_for kube-apiserver 120 kubectl_admin get --raw /readyz
 
 launch kube-controller-manager "$BIN_DIR/kube-controller-manager" \
