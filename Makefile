@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build install image image-test controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
+.PHONY: all build install deps deps-demo image image-test image-load controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
 
 all: build
 
@@ -20,6 +20,14 @@ install:
 	install -D -m 0755 target/release/splice $(DESTDIR)$(PREFIX)/bin/splice
 	ln -sf splice $(DESTDIR)$(PREFIX)/bin/kubectl-splice
 
+## What test and demo need beyond Rust and Go (Debian packages, rustup pieces): checked, and
+## installed when missing if run as root with apt-get (e2e/deps.sh).
+deps:
+	e2e/deps.sh test
+
+deps-demo:
+	e2e/deps.sh demo
+
 ## The OCI image (static musl binary, scratch, UID 65532) in target/image/, without a daemon or a
 ## registry (needs umoci, musl-tools and the Rust target x86_64-unknown-linux-musl; see .ci/run).
 image:
@@ -30,6 +38,11 @@ image:
 image-test: image
 	deploy/image/test.sh
 
+## Splice's image (make image), the pause image and the tests' images, imported into the real
+## node's containerd (no registry): honours SPLICE_RUN_DIR and SPLICE_PORT_BASE like `make up`.
+image-load: image
+	$(CP)/image-load.sh
+
 ## Build the control-plane programs (cached outside the repo; a warm build does nothing).
 controlplane:
 	$(CP)/build.sh
@@ -38,7 +51,7 @@ controlplane:
 helm:
 	e2e/helm/build.sh
 
-up: controlplane
+up: deps-demo controlplane
 	$(CP)/up.sh
 
 down:
@@ -55,16 +68,17 @@ unit:
 rules-test:
 	deploy/alerts/check.sh
 
-## The e2e suite against a control plane it starts and always stops.
-e2e: controlplane helm
+## The e2e suite against a control plane it starts and always stops (with the real node, which
+## gets Splice's image and the tests' images imported).
+e2e: controlplane helm image
 	cargo build -p splice
 	cargo test -p splice-e2e --no-run
 	e2e/run-e2e.sh
 
 ## Everything CI runs.
-test: lint unit rules-test image-test e2e
+test: deps lint unit rules-test image-test e2e
 
-demo: controlplane
+demo: deps-demo controlplane
 	e2e/demo.sh
 
 bench-engine:

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Starts a fresh control plane, runs the e2e suite against it, and always stops it.
+# Starts a fresh control plane with the real node, imports the images (make image built Splice's),
+# runs the e2e suite against it, and always stops it.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cp="$root/e2e/controlplane"
 "$cp/up.sh" || exit 1
 trap '"$cp/down.sh" >/dev/null' EXIT
+if [ "${SPLICE_REAL_NODE:-1}" != 0 ]; then
+  "$cp/image-load.sh" || exit 1
+fi
 export SPLICE_BIN="${SPLICE_BIN:-$root/target/debug/splice}"
 export SPLICE_CONTROLPLANE_BIN="$("$cp/build.sh" --print-bin-dir)"
 # Tests share one API server: two threads keep the load predictable on a 2-core machine.

@@ -18,29 +18,17 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/Cargo.toml" | head -1)
 
 rm -rf "$out/rootfs" "$out/oci" "$out"/splice-*.tar
 "$here/static-binary.sh" "$out/rootfs/usr/local/bin/splice"
-# The layer is made with GNU tar (umoci 0.4.7's `insert` writes a tar stream without its final
-# padding and end-of-archive blocks, which strict readers refuse): owned by root like any scratch
-# image's files, entries sorted and dated at the epoch, so the same binary gives the same layer.
-layer="$out/layer.tar"
-tar -C "$out/rootfs" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=ustar \
-  -cf "$layer" usr
-
-image="$out/oci:$version"
-umoci init --layout "$out/oci"
-umoci new --image "$image"
-umoci raw add-layer --image "$image" \
-  --history.created_by "deploy/image/static-binary.sh (cargo build --release --target x86_64-unknown-linux-musl)" \
-  "$layer"
-umoci config --image "$image" \
-  --os linux --architecture amd64 \
+# shellcheck source=oci-layout.sh
+source "$here/oci-layout.sh"
+oci_image "$out/oci" "$version" "$out/rootfs" \
+  "deploy/image/static-binary.sh (cargo build --release --target x86_64-unknown-linux-musl)" \
   --config.user 65532:65532 \
   --config.entrypoint /usr/local/bin/splice \
   --config.cmd run \
   --config.exposedports 8443/tcp --config.exposedports 8080/tcp \
   --config.label org.opencontainers.image.title=splice \
-  --config.label "org.opencontainers.image.version=$version" \
-  --history.created_by "umoci config (deploy/image/build.sh)"
-umoci gc --layout "$out/oci"
-tar -C "$out/oci" -cf "$out/splice-$version.tar" .
-rm -rf "$out/rootfs" "$layer"
+  --config.label "org.opencontainers.image.version=$version"
+mv "$out/oci.tar" "$out/splice-$version.tar"
+rm -rf "$out/rootfs"
+image="$out/oci:$version"
 echo "built $image ($(du -h "$out/splice-$version.tar" | cut -f1)): $out/splice-$version.tar"

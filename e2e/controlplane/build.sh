@@ -6,8 +6,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 k8s_version=$(cd "$here" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
 etcd_version=$(cd "$here" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)
 kwok_version=$(cd "$here/kwok" && go list -m -f '{{.Version}}' sigs.k8s.io/kwok)
+containerd_version=$(cd "$here/containerd" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
 cache=${SPLICE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/splice}
-bin="$cache/controlplane/k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}/bin"
+bin="$cache/controlplane/k8s-${k8s_version}_etcd-${etcd_version}_kwok-${kwok_version}_containerd-${containerd_version}/bin"
 if [ "${1:-}" = "--print-bin-dir" ]; then echo "$bin"; exit 0; fi
 mkdir -p "$bin"
 
@@ -32,8 +33,15 @@ build kube-apiserver "$here" k8s.io/kubernetes/cmd/kube-apiserver "$ldflags"
 build kube-controller-manager "$here" k8s.io/kubernetes/cmd/kube-controller-manager "$ldflags"
 build kube-scheduler "$here" k8s.io/kubernetes/cmd/kube-scheduler "$ldflags"
 build kubectl "$here" k8s.io/kubernetes/cmd/kubectl "$ldflags"
+build kubelet "$here" k8s.io/kubernetes/cmd/kubelet "$ldflags"
 build agnhost "$here" k8s.io/kubernetes/test/images/agnhost "-s -w"
 build kwok "$here/kwok" sigs.k8s.io/kwok/cmd/kwok "-s -w"
+# The real node (up.sh): containerd 2 with its runc shim and ctr, and our CRI probe.
+cflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+for c in containerd containerd-shim-runc-v2 ctr; do
+  build "$c" "$here/containerd" "github.com/containerd/containerd/v2/cmd/$c" "$cflags"
+done
+build nodeprobe "$here" ./nodeprobe "-s -w"
 
 # kwok ships its lifecycle stages as data in its module; gather the "fast" set (what kwokctl uses:
 # nodes Ready at once, heartbeats through Leases, pods Running at once) into one config file.

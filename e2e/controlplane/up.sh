@@ -1,35 +1,47 @@
 #!/usr/bin/env bash
 # Brings up a real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and kwok with two fake nodes.
+# kube-controller-manager, kube-scheduler, kwok with two fake nodes, and one real worker node
+# (containerd 2, runc, a CNI bridge, a kubelet; see node.sh) labelled and tainted
+# e2e.splice.dev/node=real, so only pods that ask for it run there.
 #
 #   up.sh            start everything, wait for /readyz and Ready nodes
 #   env: SPLICE_RUN_DIR (default ~/.cache/splice/run), SPLICE_PORT_BASE (default 16440),
-#        SPLICE_APISERVER_ARGS (extra kube-apiserver flags, split on spaces; e.g. an audit log)
+#        SPLICE_APISERVER_ARGS (extra kube-apiserver flags, split on spaces; e.g. an audit log),
+#        SPLICE_REAL_NODE=0 (no real node: kwok nodes only, no root needed)
 #
 # The admin kubeconfig is written to $SPLICE_RUN_DIR/kubeconfig.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=common.sh
 source "$here/common.sh"
+# shellcheck source=node.sh
+source "$here/node.sh"
 
+BIN_DIR=$("$here/build.sh" --print-bin-dir)
 if [ -d "$RUN_DIR" ]; then
   if any_recorded_process_alive; then
     die "a control plane is already running from $RUN_DIR (pids: $(recorded_pids | tr '\n' ' ')); run 'make down' first"
   fi
-  # A leftover run folder whose processes are all gone (a crashed run, a reboot): start afresh.
+  # A leftover run folder whose processes are all gone (a crashed run, a reboot): remove what its
+  # node left outside the folder, then start afresh.
+  node_down
   rm -rf "$RUN_DIR"
 fi
 
-BIN_DIR=$("$here/build.sh" --print-bin-dir)
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl; do
   [ -x "$BIN_DIR/$b" ] || die "$BIN_DIR/$b is missing: run 'make controlplane' first"
 done
+node_names
+if real_node_enabled; then node_preflight; fi
 
 mkdir -p "$RUN_DIR"/{pki,logs,pids,etcd}
 start=$SECONDS
-trap 'on_failure' ERR
-on_failure() {
-  echo "up: failed; stopping what was started" >&2
+# Any failure (a failed command or a `die`) stops what was started, the node's network included.
+finished=0
+trap 'on_exit' EXIT
+on_exit() {
+  [ "$finished" = 1 ] && return
+  echo "up: failed; stopping what was started (logs kept in $RUN_DIR/logs)" >&2
   "$here/down.sh" --keep-logs >&2 || true
 }
 
@@ -62,6 +74,9 @@ issue controller-manager-serving "/CN=kube-controller-manager" \
 issue controller-manager "/CN=system:kube-controller-manager" "$client_ext"
 issue scheduler "/CN=system:kube-scheduler" "$client_ext"
 issue kwok "/O=system:masters/CN=kwok" "$client_ext"
+# The API server's identity towards kubelets (logs, exec, port-forward).
+issue apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$client_ext"
+if real_node_enabled; then node_pki; fi
 openssl_quiet ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key"
 openssl_quiet ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 
@@ -115,6 +130,11 @@ launch kube-apiserver "$BIN_DIR/kube-apiserver" \
   --disable-admission-plugins TaintNodesByCondition \
   --enable-priority-and-fairness=false \
   --profiling=false \
+  --enable-aggregator-routing=true \
+  --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+  --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority "$pki/ca.crt" \
+  --kubelet-preferred-address-types InternalIP \
   ${SPLICE_APISERVER_ARGS:-}
 wait_for kube-apiserver 120 kubectl_admin get --raw /readyz
 
@@ -129,6 +149,7 @@ launch kube-controller-manager "$BIN_DIR/kube-controller-manager" \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --controllers '*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller' \
+  --flex-volume-plugin-dir "$RUN_DIR/flexvolume" \
   --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 \
   --profiling=false
 launch kube-scheduler "$BIN_DIR/kube-scheduler" \
@@ -178,6 +199,13 @@ wait_for "nodes without taints" 60 nodes_untainted
 # The default ServiceAccount must exist before pods can be created in "default".
 wait_for "default ServiceAccount" 60 kubectl_admin -n default get serviceaccount default
 
-trap - ERR
+if real_node_enabled; then
+  node_start=$SECONDS
+  node_record_names
+  node_up
+  echo "real node $NODE_NAME Ready in $((SECONDS - node_start))s (pods on $NODE_SUBNET, bridge $NODE_BRIDGE)"
+fi
+
+finished=1
 echo "control plane up in $((SECONDS - start))s"
 echo "  export KUBECONFIG=$KUBECONFIG_PATH"
