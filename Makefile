@@ -94,5 +94,5 @@ bench-controller: controlplane
 
 ## What a pod create pays for mutating admission, through the API server: nothing, Splice, agnhost
 ## and an in-tree MutatingAdmissionPolicy side by side, on a control plane of its own.
-bench-admission: controlplane
+bench-admission: controlplane helm image
 	e2e/bench/admission.sh

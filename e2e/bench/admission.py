@@ -90,7 +90,27 @@ def plain_webhook(api, name, url, bundle, arm):
     })
 
 
-def setup(api, agnhost_port, agnhost_ca, null_port):
+def service_webhook(api, name, namespace, service, path, bundle, arm):
+    """plain_webhook's entry, called through a Service (the API server picks a ready endpoint)."""
+    api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": f"{name}.bench.splice.dev",
+            "clientConfig": {"service": {"namespace": namespace, "name": service, "path": path,
+                                         "port": 443}, "caBundle": bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {LABEL: arm}},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "timeoutSeconds": 10,
+        }],
+    })
+
+
+def setup(api, agnhost_port, agnhost_ca, null_port, cluster_agnhost=None):
     for arm in ARMS:
         api.json("POST", "/api/v1/namespaces",
                  {"metadata": {"name": namespace(arm), "labels": {LABEL: arm}}})
@@ -102,10 +122,10 @@ def setup(api, agnhost_port, agnhost_ca, null_port):
     # binary is given, `splice-before` (instance `bench-before`).
     # `splice-intree` is the same policy in mode InTree: a MutatingAdmissionPolicy Splice writes.
     for arm, instance in (("splice", "bench"), ("splice-intree", "bench"),
-                          ("splice-before", "bench-before")):
+                          ("splice-before", "bench-before"), ("splice-cluster", "bench-cluster")):
         if arm not in ARMS:
             continue
-        mode = {"splice-intree": "InTree", "splice": "Webhook"}.get(arm)
+        mode = {"splice-intree": "InTree"}.get(arm, "Webhook")
         api.json("POST", "/apis/splice.dev/v1alpha1/injectionpolicies", {
             "apiVersion": "splice.dev/v1alpha1",
             "kind": "InjectionPolicy",
@@ -123,6 +143,12 @@ def setup(api, agnhost_port, agnhost_ca, null_port):
     # The floor: Splice's stack answering "allowed" with no patch (the same certificate).
     plain_webhook(api, "bench-null", f"https://127.0.0.1:{null_port}/null", bundle, "null")
     sidecar_map(api, "bench-sidecar", "map", SIDECAR)
+    if cluster_agnhost:
+        namespace_, ca = cluster_agnhost
+        with open(ca, "rb") as f:
+            service_webhook(api, "bench-agnhost-cluster", namespace_, "agnhost",
+                            "/mutating-pods-sidecar", base64.b64encode(f.read()).decode(),
+                            "agnhost-cluster")
 
 
 def create(api, arm):
@@ -193,6 +219,8 @@ WEBHOOK_OF_ARM = {
     "splice-before": lambda n: n == "bench-splice-before.splice.dev",
     "splice10": lambda n: n.startswith("group-") and n.endswith(".splice.dev"),
     "agnhost": lambda n: n == "bench-agnhost.bench.splice.dev",
+    "splice-cluster": lambda n: n == "bench-splice-cluster.splice.dev",
+    "agnhost-cluster": lambda n: n == "bench-agnhost-cluster.bench.splice.dev",
 }
 
 
@@ -228,14 +256,24 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--baseline", action="store_true",
                     help="measure a second Splice instance (labelled bench-before) as arm splice-before")
+    ap.add_argument("--cluster-agnhost-namespace",
+                    help="with --cluster-agnhost-ca: measure Splice installed in the cluster "
+                         "(arm splice-cluster, instance bench-cluster) and agnhost as a pod behind "
+                         "the Service agnhost in this namespace (arm agnhost-cluster), both "
+                         "called through their Services")
+    ap.add_argument("--cluster-agnhost-ca")
     args = ap.parse_args()
     global ARMS
     if args.baseline:
         ARMS = ("none", "null", "splice", "splice-intree", "splice-before", "splice10", "agnhost",
                 "map", "map10")
+    cluster = None
+    if args.cluster_agnhost_namespace:
+        ARMS = ARMS + ("splice-cluster", "agnhost-cluster")
+        cluster = (args.cluster_agnhost_namespace, args.cluster_agnhost_ca)
 
     api = Api(args.kubeconfig)
-    setup(api, args.agnhost_port, args.agnhost_ca, args.null_port)
+    setup(api, args.agnhost_port, args.agnhost_ca, args.null_port, cluster)
     wait_live(api)
     for arm in ARMS:  # warm every connection and cache once before measuring
         sequential(api, arm, 20)

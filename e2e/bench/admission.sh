@@ -13,6 +13,10 @@
 #   agnhost  agnhost's Go sidecar webhook (/mutating-pods-sidecar),
 #   map      an in-tree MutatingAdmissionPolicy doing the same injection as splice,
 #   map10    ten MutatingAdmissionPolicies doing what splice10 does,
+#   splice-cluster   Splice installed by its chart on the real node (the image `make image`
+#            built), called by the API server through its Service,
+#   agnhost-cluster  agnhost as a pod on the real node behind a Service, called the same way
+#            (both only with the real node; SPLICE_REAL_NODE=0 leaves them out),
 # each (but none and null) adding the same sidecar container; the ten-arms nine more. admission.py interleaves the arms in rounds (sequential
 # creates, then concurrent ones) and prints p50/p90/p99 per arm and what each adds over `none`.
 #
@@ -106,8 +110,58 @@ SPLICE_LOG=warn "$NULL_BIN" webhook --policy "$work/policy.yaml" --tls-cert "$wo
   > "$repo/target/bench-admission-null.log" 2>&1 &
 pids+=($!)
 
+# In the cluster: Splice from its chart (policies labelled instance bench-cluster only) and agnhost
+# as a pod behind a Service, both on the real node.
+cluster=()
+if [ "${SPLICE_REAL_NODE:-1}" != 0 ]; then
+  "$cp_dir/image-load.sh" >&2
+  placement=(--set-json 'nodeSelector={"e2e.splice.dev/node":"real"}'
+    --set-json 'tolerations=[{"key":"e2e.splice.dev/node","operator":"Equal","value":"real","effect":"NoSchedule"}]')
+  "$("$repo/e2e/helm/build.sh")" install splice "$repo/deploy/chart" -n splice-cluster \
+    --create-namespace "${placement[@]}" --set policySelector=e2e.splice.dev/instance=bench-cluster \
+    --set probeInterval=0 --set logFormat=text --wait --timeout 5m >&2
+  "$kubectl" create namespace bench-infra >/dev/null
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/svc-key.pem" 2>/dev/null
+  openssl req -x509 -new -key "$work/svc-key.pem" -out "$work/svc-cert.pem" -days 2 \
+    -subj "/CN=agnhost.bench-infra.svc" -addext "subjectAltName=DNS:agnhost.bench-infra.svc" 2>/dev/null
+  "$kubectl" -n bench-infra create secret tls agnhost-tls --cert "$work/svc-cert.pem" \
+    --key "$work/svc-key.pem" >/dev/null
+  "$kubectl" -n bench-infra apply -f - >/dev/null <<YAML
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: agnhost}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: agnhost}}
+  template:
+    metadata: {labels: {app: agnhost}}
+    spec:
+      nodeSelector: {e2e.splice.dev/node: real}
+      tolerations: [{key: e2e.splice.dev/node, operator: Equal, value: real, effect: NoSchedule}]
+      containers:
+        - name: agnhost
+          image: splice-agnhost:e2e
+          imagePullPolicy: Never
+          args: [webhook, --tls-cert-file, /certs/tls.crt, --tls-private-key-file, /certs/tls.key,
+                 --port, "8443", --sidecar-image, registry.invalid/sidecar:1]
+          ports: [{containerPort: 8443}]
+          readinessProbe: {tcpSocket: {port: 8443}, periodSeconds: 1}
+          volumeMounts: [{name: certs, mountPath: /certs, readOnly: true}]
+      volumes: [{name: certs, secret: {secretName: agnhost-tls}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: agnhost}
+spec:
+  selector: {app: agnhost}
+  ports: [{port: 443, targetPort: 8443}]
+YAML
+  "$kubectl" -n bench-infra rollout status deploy/agnhost --timeout=120s >&2
+  cluster=(--cluster-agnhost-namespace bench-infra --cluster-agnhost-ca "$work/svc-cert.pem")
+fi
+
 python3 "$repo/e2e/bench/admission.py" --kubeconfig "$KUBECONFIG" \
   --agnhost-port "$agnhost_port" --agnhost-ca "$work/cert.pem" --null-port "$null_port" \
   --rounds "${ROUNDS:-5}" --sequential "${SEQUENTIAL:-100}" \
   --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"} \
-  "${baseline[@]}"
+  "${baseline[@]}" "${cluster[@]}"

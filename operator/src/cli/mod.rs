@@ -13,6 +13,7 @@ mod inject;
 mod offline;
 mod offline_diff;
 pub(crate) mod rotate;
+pub(crate) mod uninstall;
 mod run;
 mod simulate;
 mod webhook;
@@ -96,6 +97,8 @@ enum Command {
     Crd,
     /// Ask the running leader to rotate the webhook CA now.
     Rotate(rotate::Args),
+    /// Stop Splice and delete the admission configuration it wrote (policies stay).
+    Uninstall(uninstall::Args),
 }
 
 impl Cli {
@@ -120,6 +123,7 @@ impl Cli {
             Command::Explain(args) => explain::main(args, cluster),
             Command::Crd => crd::main(),
             Command::Rotate(args) => rotate::main(args, cluster),
+            Command::Uninstall(args) => uninstall::main(args, cluster),
         }
     }
 }
