@@ -199,6 +199,28 @@ impl Installed {
             .unwrap_or_else(|e| format!("(kubectl get failed: {e})"))
     }
 
+    /// Waits until no Splice pod is terminating any more (a deleted replica serves through its
+    /// preStop delay and drain: an event is over only once it is gone).
+    async fn wait_no_terminating(&self) -> Result<()> {
+        let pods = self.pods();
+        wait_until(
+            Duration::from_secs(120),
+            "terminating Splice pods to be gone",
+            || {
+                let pods = pods.clone();
+                async move {
+                    Ok(pods
+                        .list(&ListParams::default().labels("app.kubernetes.io/name=splice"))
+                        .await?
+                        .items
+                        .iter()
+                        .all(|p| p.metadata.deletion_timestamp.is_none()))
+                }
+            },
+        )
+        .await
+    }
+
     /// The pod holding the leader Lease.
     async fn leader(&self) -> Result<String> {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), NAMESPACE);
@@ -495,7 +517,7 @@ async fn entries_use_the_service(client: &Client) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let install = Installed::helm(&[]).await?;
@@ -646,7 +668,7 @@ async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run
     Ok(())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_guard_counts_the_real_replicas_and_the_budget() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let install = Installed::helm(&[]).await?;
@@ -803,7 +825,7 @@ fn window(
     (n, real, failures.len(), p99, failures)
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let install = Installed::helm(&[]).await?;
@@ -826,25 +848,48 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
 
     let stop = Arc::new(AtomicBool::new(false));
     let load = start_load(&client, &ns.name, stop.clone());
+    // Whether Fail stayed in force: the entry's failurePolicy, sampled every 250 ms.
+    let sampler = {
+        let client = client.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut not_fail = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                match guard_state(&client, policy).await {
+                    Ok((reason, entry)) if entry != "Fail" => {
+                        not_fail.push(format!("{entry} ({reason})"))
+                    }
+                    Ok(_) => {}
+                    Err(e) => not_fail.push(format!("unreadable: {e}")),
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            not_fail
+        })
+    };
     let mut windows: Vec<(&str, Instant, Instant)> = Vec::new();
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // 1. helm upgrade rolls the Deployment (a changed pod annotation), one new pod at a time.
     let start = Instant::now();
-    helm(&[
-        "upgrade",
-        "splice",
-        "deploy/chart",
-        "-n",
-        NAMESPACE,
-        "--reuse-values",
-        "--set",
-        "podAnnotations.e2e\\.splice\\.dev/rolled=1",
-        "--wait",
-        "--timeout",
-        "5m",
-    ])?;
+    let upgrade = tokio::task::spawn_blocking(|| {
+        helm(&[
+            "upgrade",
+            "splice",
+            "deploy/chart",
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "podAnnotations.e2e\\.splice\\.dev/rolled=1",
+            "--wait",
+            "--timeout",
+            "5m",
+        ])
+    });
+    upgrade.await??;
     install.wait_replicas_ready(2).await?;
+    install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("helm upgrade", start, Instant::now()));
     fail_in_force().await?;
@@ -865,6 +910,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
         )
         .await?;
     install.wait_replicas_ready(2).await?;
+    install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("eviction", start, Instant::now()));
     fail_in_force().await?;
@@ -883,6 +929,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     })
     .await?;
     install.wait_replicas_ready(2).await?;
+    install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("leader pod deleted", start, Instant::now()));
     fail_in_force().await?;
@@ -918,6 +965,13 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
 
     stop.store(true, Ordering::Relaxed);
     let outcomes = load.await?;
+    let not_fail = sampler.await?;
+    ensure!(
+        not_fail.is_empty(),
+        "Fail was not in force throughout: {} samples saw {:?}",
+        not_fail.len(),
+        not_fail.first()
+    );
     let mut failed = Vec::new();
     for (event, from, to) in &windows {
         let (n, real, failures, p99, why) = window(&outcomes, *from, *to);
@@ -944,7 +998,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     Ok(())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
     let _serial = SERIAL.lock().await;
     let install = Installed::helm(&[]).await?;
@@ -964,66 +1018,95 @@ async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
     wait_injecting(&client, &ns.name, &[], SIDECAR).await?;
 
     let pods: Api<Pod> = ns.api();
-    let victims = install.splice_pods().await?;
-    ensure!(
-        victims.len() == 2,
-        "expected 2 Splice pods, found {}",
-        victims.len()
-    );
-    let start = Instant::now();
-    for victim in &victims {
-        install
-            .pods()
-            .delete(
-                &victim.metadata.name.clone().unwrap_or_default(),
-                &DeleteParams::default(),
-            )
-            .await?;
-    }
-    // Creates go on: refused while no replica answers (Fail), never admitted without the
-    // injection, and admitted with it again once a replica is back.
-    let mut refused = 0usize;
-    let mut n = 0usize;
-    let healed = loop {
-        n += 1;
-        let params = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        match pods.create(&params, &load_pod(&format!("heal-{n}"))).await {
-            Ok(pod) if injected_once(&pod) => {
-                // Healed only once the deleted pods are gone, not while they still drain.
-                let remaining: Vec<String> = install
-                    .pods()
-                    .list(&ListParams::default().labels("app.kubernetes.io/name=splice"))
-                    .await?
-                    .items
-                    .into_iter()
-                    .filter_map(|p| p.metadata.name)
-                    .collect();
-                if victims.iter().all(|v| {
-                    !remaining.contains(v.metadata.name.as_ref().unwrap_or(&String::new()))
-                }) {
-                    break start.elapsed();
+    // First as a rollout or a drain deletes pods (graceful: preStop, then SIGTERM), then as a
+    // node loss does (no grace: the processes are killed at once).
+    for (how, params) in [
+        ("graceful", DeleteParams::default()),
+        (
+            "forced, grace 0",
+            DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        ),
+    ] {
+        wait_guard(
+            &client,
+            policy,
+            "Fail",
+            |r| r == "FailInForce",
+            Duration::from_secs(150),
+        )
+        .await?;
+        let victims: Vec<String> = install
+            .splice_pods()
+            .await?
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+        ensure!(
+            victims.len() == 2,
+            "expected 2 Splice pods, found {victims:?}"
+        );
+        let start = Instant::now();
+        for victim in &victims {
+            install.pods().delete(victim, &params).await?;
+        }
+        // Creates go on: refused while no replica answers (Fail), never admitted without the
+        // injection, and admitted with it again once a replica is back.
+        let mut refused = 0usize;
+        let mut first_refusal = None;
+        let mut n = 0usize;
+        let healed = loop {
+            n += 1;
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            match pods.create(&dry_run, &load_pod(&format!("heal-{n}"))).await {
+                Ok(pod) if injected_once(&pod) => {
+                    // Healed only once the deleted pods are gone and a new one is Ready, not
+                    // while the old ones still drain or die.
+                    let now: Vec<Pod> = install
+                        .pods()
+                        .list(&ListParams::default().labels("app.kubernetes.io/name=splice"))
+                        .await?
+                        .items;
+                    let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
+                    let ready = |p: &Pod| {
+                        p.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                    };
+                    if now.iter().all(|p| !victims.contains(&name(p))) && now.iter().any(ready) {
+                        break start.elapsed();
+                    }
+                }
+                Ok(pod) => bail!(
+                    "{how}: a pod was admitted without its injection while Splice was down: {:?}",
+                    injected_counts(&pod)
+                ),
+                Err(e) => {
+                    refused += 1;
+                    first_refusal.get_or_insert_with(|| e.to_string());
                 }
             }
-            Ok(pod) => bail!(
-                "a pod was admitted without its injection while Splice was down: {:?}",
-                injected_counts(&pod)
-            ),
-            Err(_) => refused += 1,
-        }
-        ensure!(
-            start.elapsed() < Duration::from_secs(120),
-            "creates did not succeed with the injection within 2 minutes ({refused} refused)"
+            ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "{how}: creates did not succeed with the injection within 2 minutes ({refused} refused)"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        install.wait_replicas_ready(2).await?;
+        eprintln!(
+            "REPORT heal ({how}): both Splice pods deleted; injected creates again after {:.1}s; {refused} of {n} creates refused meanwhile (first: {}), none admitted without the injection",
+            healed.as_secs_f64(),
+            first_refusal.as_deref().unwrap_or("none")
         );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    install.wait_replicas_ready(2).await?;
-    eprintln!(
-        "REPORT heal: both Splice pods deleted; injected creates again after {:.1}s ({refused} of {n} creates refused meanwhile, none admitted without the injection)",
-        healed.as_secs_f64()
-    );
+    }
     Ok(())
 }
 
@@ -1039,7 +1122,7 @@ fn splice_admission_objects() -> Result<String> {
     ])
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn uninstalling_leaves_no_admission_configuration_and_injected_pods_keep_running()
 -> Result<()> {
     let _serial = SERIAL.lock().await;

@@ -1,6 +1,11 @@
 //! The availability guard: `Fail` makes every matching pod creation depend on Splice answering, so
 //! it is only put in force while Splice's own Deployment has at least two available replicas and a
 //! PodDisruptionBudget keeps at least one of them through voluntary disruptions (node drains).
+//! Once in force it stays through a dip in available replicas while the Deployment still asks for
+//! two (a rollout, an eviction, a killed pod): the Deployment restores them, Splice's namespace is
+//! never intercepted, and dropping to `Ignore` then would admit pods uninjected while no replica
+//! answers. A configuration that cannot keep two (fewer replicas asked for, no fitting budget)
+//! drops it at once.
 //!
 //! [`assess`] is pure (what the Deployment and the budgets say right now); [`Hold`] adds the
 //! anti-flap rule (down at once, back up only after the condition held for a while); [`watch`]
@@ -73,6 +78,11 @@ pub enum Assessment {
         reason: Reason,
         message: String,
     },
+    /// The Deployment asks for enough replicas and a budget keeps one, but fewer are available
+    /// right now: `Fail` is not put in force, and stays if it already is.
+    Degraded {
+        message: String,
+    },
 }
 
 /// Judges Splice's Deployment `name` and the PodDisruptionBudgets of its namespace.
@@ -90,22 +100,17 @@ pub fn assess(
             ),
         );
     };
-    let available = deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.available_replicas)
-        .unwrap_or(0);
-    if available < MIN_AVAILABLE_REPLICAS {
+    let spec = deployment.spec.as_ref();
+    let replicas = spec.and_then(|s| s.replicas).unwrap_or(1);
+    if replicas < MIN_AVAILABLE_REPLICAS {
         return unavailable(
             Reason::InsufficientReplicas,
             format!(
-                "Splice's Deployment {name} has {available} available replica(s); Fail needs at \
-                 least {MIN_AVAILABLE_REPLICAS}"
+                "Splice's Deployment {name} asks for {replicas} replica(s); Fail needs at least \
+                 {MIN_AVAILABLE_REPLICAS}"
             ),
         );
     }
-    let spec = deployment.spec.as_ref();
-    let replicas = spec.and_then(|s| s.replicas).unwrap_or(1);
     let pod_labels = spec
         .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.labels.clone())
@@ -144,6 +149,19 @@ pub fn assess(
     for budget in selecting {
         match kept_available(budget, replicas) {
             Ok(kept) if kept >= 1 => {
+                let available = deployment
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.available_replicas)
+                    .unwrap_or(0);
+                if available < MIN_AVAILABLE_REPLICAS {
+                    return Assessment::Degraded {
+                        message: format!(
+                            "Splice's Deployment {name} has {available} available replica(s); \
+                             Fail needs at least {MIN_AVAILABLE_REPLICAS}"
+                        ),
+                    };
+                }
                 return Assessment::Available {
                     budget: budget.name_any(),
                 };
@@ -282,6 +300,22 @@ impl Hold {
                 (
                     GuardStatus {
                         blocked: Some((*reason, message.clone())),
+                    },
+                    None,
+                )
+            }
+            Assessment::Degraded { message } if self.in_force => {
+                tracing::warn!(
+                    %message,
+                    "availability guard: Fail stays in force while the Deployment restores its replicas"
+                );
+                (GuardStatus { blocked: None }, None)
+            }
+            Assessment::Degraded { message } => {
+                self.fine_since = None;
+                (
+                    GuardStatus {
+                        blocked: Some((Reason::InsufficientReplicas, message.clone())),
                     },
                     None,
                 )
@@ -565,6 +599,7 @@ mod tests {
         match a {
             Assessment::Available { .. } => None,
             Assessment::Unavailable { reason, .. } => Some(*reason),
+            Assessment::Degraded { .. } => Some(Reason::InsufficientReplicas),
         }
     }
 
@@ -595,19 +630,50 @@ mod tests {
     }
 
     #[test]
-    fn fewer_than_two_available_replicas_block_fail_with_the_count() {
-        let a = assess("splice", Some(&deployment(2, 1)), &[good_budget()]);
+    fn fewer_than_two_replicas_asked_for_block_fail_with_the_count() {
+        let a = assess("splice", Some(&deployment(1, 1)), &[good_budget()]);
         assert_eq!(reason(&a), Some(Reason::InsufficientReplicas));
         let Assessment::Unavailable { message, .. } = a else {
             unreachable!()
         };
+        assert!(message.contains("asks for 1"), "{message}");
+    }
+
+    #[test]
+    fn fewer_than_two_available_of_two_asked_for_is_degraded_with_the_count() {
+        let a = assess("splice", Some(&deployment(2, 1)), &[good_budget()]);
+        let Assessment::Degraded { message } = a else {
+            panic!("expected Degraded, got {a:?}")
+        };
         assert!(message.contains("1 available"), "{message}");
         let mut no_status = deployment(3, 0);
         no_status.status = None;
+        assert!(matches!(
+            assess("splice", Some(&no_status), &[good_budget()]),
+            Assessment::Degraded { .. }
+        ));
+    }
+
+    #[test]
+    fn a_dip_in_available_replicas_keeps_fail_in_force_but_never_puts_it_in_force() {
+        let now = Instant::now();
+        let degraded = assess("splice", Some(&deployment(2, 0)), &[good_budget()]);
+        let (status, _) = Hold::new(Duration::from_secs(60), true).update(&degraded, now);
+        assert!(status.allows_fail(), "{status:?}");
+        let mut cold = Hold::new(Duration::from_secs(60), false);
+        let (status, _) = cold.update(&degraded, now);
         assert_eq!(
-            reason(&assess("splice", Some(&no_status), &[good_budget()])),
+            status.blocked.map(|(r, _)| r),
             Some(Reason::InsufficientReplicas)
         );
+        // Back to two available: the hold starts from here, not from before the dip.
+        let fine = assess("splice", Some(&deployment(2, 2)), &[good_budget()]);
+        let (status, _) = cold.update(&fine, now + Duration::from_secs(59));
+        assert!(!status.allows_fail());
+        // Scaled to one while in force: Ignore at once.
+        let mut hot = Hold::new(Duration::from_secs(60), true);
+        let one = assess("splice", Some(&deployment(1, 1)), &[good_budget()]);
+        assert!(!hot.update(&one, now).0.allows_fail());
     }
 
     #[test]
