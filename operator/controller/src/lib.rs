@@ -45,10 +45,10 @@ use splice_server::server::{WebhookConfig, WebhookServer};
 use splice_server::store::{NamespaceStore, PolicyStore};
 use splice_server::tls::CertResolver;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use self::certs::{Serving, rotation};
-use self::leader::LeaseConfig;
+use self::leader::{Leadership, LeaseConfig};
 use self::metrics::Metrics;
 use self::policy::reconcile::{Error, error_policy, reconcile};
 use self::policy::render::ClientTarget;
@@ -96,7 +96,7 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     /// Whether this replica holds the Lease; checked before every write.
-    pub leading: watch::Receiver<bool>,
+    pub leading: Leadership,
     /// Whether the availability guard lets `Fail` be in force.
     pub guard: watch::Receiver<guard::GuardStatus>,
     /// Why Splice cannot keep its certificates (a Secret it did not create), if it cannot.
@@ -130,7 +130,7 @@ impl Context {
         policies: Store<InjectionPolicy>,
         ca_bundle: watch::Receiver<Option<Arc<String>>>,
         metrics: Arc<Metrics>,
-        leading: watch::Receiver<bool>,
+        leading: Leadership,
     ) -> Self {
         let reporter = Reporter {
             controller: MANAGER.to_owned(),
@@ -183,7 +183,7 @@ impl Context {
     }
 
     pub(crate) fn ensure_leading(&self) -> Result<(), Error> {
-        if *self.leading.borrow() {
+        if self.leading.now() {
             Ok(())
         } else {
             Err(Error::NotLeader)
@@ -350,26 +350,36 @@ pub async fn run(
     ];
 
     // The election, and the leader's work whenever this replica leads.
-    let (leading_tx, leading_rx) = watch::channel(false);
+    let (leading_tx, leading_rx) = Leadership::channel();
     background.push(tokio::spawn(leader::run(
         Api::<Lease>::namespaced(client.clone(), &settings.namespace),
         settings.lease.clone(),
         leading_tx,
         stop_rx.clone(),
     )));
-    let supervisor = tokio::spawn(supervise_leadership(
-        client.clone(),
-        settings.clone(),
-        Arc::clone(&metrics),
-        leading_rx,
-        Caches {
-            served: Arc::clone(&policies),
-            ca_bundle: ca_rx,
-            policies_changed,
-            secret_changed,
-            serving: served_rx,
-        },
-    ));
+    let caches = Caches {
+        served: Arc::clone(&policies),
+        ca_bundle: ca_rx,
+        policies_changed,
+        secret_changed,
+        serving: served_rx,
+    };
+    let supervisor = {
+        let (client, settings, metrics) = (client.clone(), settings.clone(), Arc::clone(&metrics));
+        tokio::spawn(supervise_leadership(
+            Arc::clone(&metrics),
+            leading_rx,
+            move |leading| {
+                lead(
+                    client.clone(),
+                    settings.clone(),
+                    Arc::clone(&metrics),
+                    leading,
+                    caches.clone(),
+                )
+            },
+        ))
+    };
 
     shutdown.await;
     tracing::info!("shutting down");
@@ -425,31 +435,42 @@ struct Caches {
     serving: watch::Receiver<Serving>,
 }
 
-/// Starts the leader's work whenever this replica becomes leader and stops it, before anything
-/// else can happen, when it stops being leader.
+/// The tasks of one leadership term, owned together: ending the term (or dropping it) aborts
+/// every one of them, whichever await each is in. A dropped `JoinHandle` would detach its task
+/// instead, and a task that outlived its term would keep writing as a leader.
+#[derive(Default)]
+struct Term {
+    tasks: JoinSet<()>,
+}
+
+impl Term {
+    fn spawn(&mut self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tasks.spawn(task);
+    }
+
+    /// Aborts every task of the term and waits until each has stopped.
+    async fn end(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// Starts a term (`begin`) whenever this replica becomes leader and ends it, every task of it,
+/// when it stops being leader; a replica elected again starts one new term, never a second
+/// copy of a loop.
 async fn supervise_leadership(
-    client: Client,
-    settings: Settings,
     metrics: Arc<Metrics>,
-    mut leading: watch::Receiver<bool>,
-    caches: Caches,
+    mut leading: Leadership,
+    mut begin: impl FnMut(Leadership) -> Term,
 ) {
     loop {
-        if leading.wait_for(|l| *l).await.is_err() {
+        if !leading.begun().await {
             return;
         }
         tracing::info!("leading: starting the controller");
         metrics.set_leader(true);
-        let work = tokio::spawn(lead(
-            client.clone(),
-            settings.clone(),
-            Arc::clone(&metrics),
-            leading.clone(),
-            caches.clone(),
-        ));
-        let lost = leading.wait_for(|l| !*l).await.is_err();
-        work.abort();
-        let _ = work.await;
+        let term = begin(leading.clone());
+        let lost = !leading.ended().await;
+        term.end().await;
         metrics.set_leader(false);
         tracing::info!("no longer leading: controller stopped");
         if lost {
@@ -458,15 +479,16 @@ async fn supervise_leadership(
     }
 }
 
-/// The leader's work: keep the CA Secret, run the controller, sweep orphans. Cancelled (dropped)
-/// when leadership ends.
-async fn lead(
+/// The leader's work for one term: keep the CA Secret and the validating configuration, run the
+/// controller, sweep orphans, the guard, coverage and the probe, each a task of the term.
+fn lead(
     client: Client,
     settings: Settings,
     metrics: Arc<Metrics>,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
     caches: Caches,
-) {
+) -> Term {
+    let mut term = Term::default();
     let Caches {
         served,
         ca_bundle,
@@ -502,10 +524,10 @@ async fn lead(
     };
     let controller = Controller::for_stream(policy_events, store);
     let secret_changed_for_status = secret_changed.clone();
-    let keeper = certs::Keeper::new(&client, &settings, controller.store());
+    let keeper = certs::Keeper::new(&client, &settings, controller.store(), leading.clone());
     let certificate_problem = keeper.problems();
-    let ca_task = tokio::spawn(certs::maintain_ca(keeper, secret_changed));
-    let validating_task = tokio::spawn(validating::maintain(
+    term.spawn(certs::maintain_ca(keeper, secret_changed));
+    term.spawn(validating::maintain(
         client.clone(),
         validating::Writer {
             target: settings.target.clone(),
@@ -517,7 +539,7 @@ async fn lead(
         leading.clone(),
         Arc::clone(&metrics),
     ));
-    let janitor_task = tokio::spawn(sweep_orphans(
+    term.spawn(sweep_orphans(
         client.clone(),
         controller.store(),
         listed.clone(),
@@ -525,15 +547,13 @@ async fn lead(
         policies_changed.clone(),
     ));
     let (guard_tx, guard_rx) = watch::channel(guard::GuardStatus::not_observed());
-    let guard_task = tokio::spawn(guard::watch(
+    term.spawn(guard::watch(
         client.clone(),
         settings.guard.clone(),
         settings.policy_selector.clone(),
         Arc::clone(&metrics),
         guard_tx,
     ));
-    // Without this, a new leader would first write every Fail policy with Ignore, then Fail again.
-    guard::first_verdict(guard_rx.clone(), guard::FIRST_VERDICT_WAIT).await;
     let ctx = Arc::new(
         Context::new(
             client.clone(),
@@ -548,29 +568,27 @@ async fn lead(
         .with_certificate_problem(certificate_problem.clone())
         .with_serving(serving),
     );
-    let listed_for_probe = listed.clone();
-    let served_for_probe = Arc::clone(&served);
     // One namespace watch for coverage and the probe.
     let namespaces = Arc::new(Mutex::new(coverage::Namespaces::default()));
-    let namespaces_task = tokio::spawn(coverage::watch_namespaces(
+    term.spawn(coverage::watch_namespaces(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
     ));
-    let coverage_task = tokio::spawn(coverage::run(
+    term.spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
         coverage::Policies {
             cache: controller.store(),
-            listed,
-            served,
+            listed: listed.clone(),
+            served: Arc::clone(&served),
         },
         Arc::clone(&namespaces),
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),
     ));
-    let probe_task = settings.probe_interval.map(|interval| {
-        tokio::spawn(probe::run(
+    if let Some(interval) = settings.probe_interval {
+        term.spawn(probe::run(
             client.clone(),
             probe::Config {
                 interval,
@@ -578,22 +596,22 @@ async fn lead(
             },
             coverage::Policies {
                 cache: ctx.policies.clone(),
-                listed: listed_for_probe,
-                served: Arc::clone(&served_for_probe),
+                listed,
+                served,
             },
             Arc::clone(&namespaces),
             Arc::clone(&ctx.metrics),
             ctx.recorder.clone(),
             ctx.leading.clone(),
-        ))
-    });
+        ));
+    }
     // A spec change or deletion re-reconciles only its conflict partners (`neighbours`); a new CA
     // changes every caBundle; the guard's verdict changes every policy that requests Fail.
-    let everything = futures::stream::select(changes(ca_bundle), changes(guard_rx));
+    let everything = futures::stream::select(changes(ca_bundle), changes(guard_rx.clone()));
     // A new serving certificate changes every policy's certificateNotAfter.
     let everything = futures::stream::select(everything, changes(secret_changed_for_status));
     let everything = futures::stream::select(everything, changes(certificate_problem));
-    controller
+    let controller = controller
         .owns(
             configurations,
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
@@ -604,28 +622,26 @@ async fn lead(
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
         )
         .owns(
-            Api::<MutatingAdmissionPolicyBinding>::all(client.clone()),
+            Api::<MutatingAdmissionPolicyBinding>::all(client),
             watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")),
         )
         .reconcile_all_on(everything)
         .reconcile_on(requeue)
-        .with_config(controller::Config::default().concurrency(4))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "controller event");
-            }
-        })
-        .await;
-    ca_task.abort();
-    validating_task.abort();
-    janitor_task.abort();
-    guard_task.abort();
-    coverage_task.abort();
-    namespaces_task.abort();
-    if let Some(task) = probe_task {
-        task.abort();
-    }
+        .with_config(controller::Config::default().concurrency(4));
+    term.spawn(async move {
+        // Without this, a new leader would first write every Fail policy with Ignore, then Fail
+        // again.
+        guard::first_verdict(guard_rx, guard::FIRST_VERDICT_WAIT).await;
+        controller
+            .run(reconcile, error_policy, ctx)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "controller event");
+                }
+            })
+            .await;
+    });
+    term
 }
 
 /// What the leader's cache keeps of a policy: everything but managedFields and kubectl's
@@ -643,7 +659,7 @@ async fn sweep_orphans(
     client: Client,
     known: Store<InjectionPolicy>,
     listed: watch::Receiver<bool>,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
     mut policies_changed: watch::Receiver<u64>,
 ) {
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -675,7 +691,7 @@ async fn sweep_once<K>(
     configurations: &Api<K>,
     policies: &Api<InjectionPolicy>,
     known: &Store<InjectionPolicy>,
-    leading: &watch::Receiver<bool>,
+    leading: &Leadership,
 ) -> Result<(), kube::Error>
 where
     K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
@@ -713,7 +729,7 @@ where
             }
         }
         let owner = owners[0];
-        if !*leading.borrow() {
+        if !leading.now() {
             return Ok(());
         }
         let name = configuration.name_any();
@@ -908,12 +924,182 @@ async fn track_readiness(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
+    use http::{Request, Response};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+    use kube::client::Body;
+    use tokio::time::Instant;
+    use tower_test::mock;
 
     use super::*;
+    use crate::policy::render::ClientTarget;
+
+    /// What the tests run Splice with: an outside webhook URL, default timings.
+    pub(crate) fn settings() -> Settings {
+        Settings {
+            namespace: "splice-system".into(),
+            target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
+            serving_names: vec!["127.0.0.1".into()],
+            policy_selector: None,
+            validating_webhook: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            lease: LeaseConfig {
+                name: "splice-leader".into(),
+                identity: "test".into(),
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
+            },
+            certs: rotation::Timing::default(),
+            guard: guard::GuardConfig {
+                namespace: "splice-system".into(),
+                deployment: "splice".into(),
+                hold: Duration::from_secs(60),
+            },
+            probe_interval: Some(Duration::from_secs(60)),
+        }
+    }
+
+    /// Waits (at most 5 s) until `done` holds.
+    async fn eventually(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// How many loops hold `alive`: the test and the supervisor's `begin` hold one each.
+    fn running(alive: &Arc<()>) -> usize {
+        Arc::strong_count(alive) - 2
+    }
+
+    /// A term of three loops, each holding `alive` while it runs: one waits forever, one sleeps
+    /// in a loop, one waits on a channel nobody writes to.
+    fn three_loops(alive: &Arc<()>, begun: &Arc<AtomicUsize>) -> Term {
+        begun.fetch_add(1, Ordering::SeqCst);
+        let mut term = Term::default();
+        let held = Arc::clone(alive);
+        term.spawn(async move {
+            let _held = held;
+            std::future::pending::<()>().await;
+        });
+        let held = Arc::clone(alive);
+        term.spawn(async move {
+            let _held = held;
+            loop {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let held = Arc::clone(alive);
+        term.spawn(async move {
+            let _held = held;
+            let (_tx, mut rx) = watch::channel(0u8);
+            let _ = rx.wait_for(|v| *v > 0).await;
+        });
+        term
+    }
+
+    /// A supervisor whose every term is [`three_loops`], and the election that drives it.
+    fn supervise_three_loops(
+        alive: &Arc<()>,
+        begun: &Arc<AtomicUsize>,
+    ) -> (leader::LeadershipSender, JoinHandle<()>) {
+        let (tx, leading) = Leadership::channel();
+        let (alive, begun) = (Arc::clone(alive), Arc::clone(begun));
+        let supervisor = tokio::spawn(supervise_leadership(
+            Arc::new(Metrics::new()),
+            leading,
+            move |_| three_loops(&alive, &begun),
+        ));
+        (tx, supervisor)
+    }
+
+    fn elect(tx: &leader::LeadershipSender, leading: bool) {
+        tx.send_replace(leading.then(|| Instant::now() + Duration::from_secs(60)));
+    }
+
+    #[tokio::test]
+    async fn losing_leadership_ends_every_task_of_the_term_whatever_it_awaits() {
+        let (alive, begun) = (Arc::new(()), Arc::new(AtomicUsize::new(0)));
+        let (tx, supervisor) = supervise_three_loops(&alive, &begun);
+        elect(&tx, true);
+        eventually("the term's three loops run", || running(&alive) == 3).await;
+        elect(&tx, false);
+        eventually("every loop of the term has ended", || running(&alive) == 0).await;
+        assert!(!supervisor.is_finished(), "the supervisor waits for the next term");
+        supervisor.abort();
+    }
+
+    #[tokio::test]
+    async fn a_replica_elected_again_runs_each_loop_once() {
+        let (alive, begun) = (Arc::new(()), Arc::new(AtomicUsize::new(0)));
+        let (tx, supervisor) = supervise_three_loops(&alive, &begun);
+        elect(&tx, true);
+        eventually("the first term runs", || running(&alive) == 3).await;
+        elect(&tx, false);
+        eventually("the first term ended", || running(&alive) == 0).await;
+        elect(&tx, true);
+        eventually("the second term runs", || begun.load(Ordering::SeqCst) == 2).await;
+        eventually("the second term's loops run", || running(&alive) == 3).await;
+        // Renewals within a term start nothing more.
+        elect(&tx, true);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(running(&alive), 3, "each loop runs once");
+        assert_eq!(begun.load(Ordering::SeqCst), 2);
+        supervisor.abort();
+    }
+
+    #[tokio::test]
+    async fn ending_a_real_term_leaves_no_task_that_can_reach_the_api() {
+        // An API server that never answers: every task of the term is parked on a request.
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let answering = tokio::spawn({
+            let requests = Arc::clone(&requests);
+            async move {
+                let mut handle = std::pin::pin!(handle);
+                let mut parked = Vec::new();
+                // `None` once every clone of the client is gone.
+                while let Some(request) = handle.next_request().await {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                    parked.push(request);
+                }
+            }
+        });
+        let client = Client::new(service, "default");
+        let (_ca_tx, ca_bundle) = watch::channel(None);
+        let (_changed_tx, policies_changed) = watch::channel(0);
+        let (_secret_tx, secret_changed) = watch::channel(0);
+        let (_serving_tx, serving) = watch::channel(Serving::default());
+        let term = lead(
+            client,
+            settings(),
+            Arc::new(Metrics::new()),
+            Leadership::fixed(true),
+            Caches {
+                served: Arc::new(PolicyStore::new()),
+                ca_bundle,
+                policies_changed,
+                secret_changed,
+                serving,
+            },
+        );
+        // The CA loop, the validating configuration, and the policy, namespace and pod watches.
+        eventually("the term's loops are waiting on the API", || {
+            requests.load(Ordering::SeqCst) >= 5
+        })
+        .await;
+        term.end().await;
+        tokio::time::timeout(Duration::from_secs(5), answering)
+            .await
+            .expect("a task of the ended term still holds a client")
+            .expect("the fake API server ran");
+    }
 
     #[test]
     fn the_leaders_cache_drops_managed_fields_and_last_applied_but_keeps_the_rest() {

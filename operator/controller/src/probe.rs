@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -23,7 +24,6 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, ProbeStatus, condition};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
-use tokio::sync::watch;
 
 use crate::coverage::{Namespaces, Policies};
 use crate::policy::groups::webhook_name_of;
@@ -236,7 +236,7 @@ pub async fn run(
     namespaces: Arc<Mutex<Namespaces>>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
 ) {
     let Policies {
         cache,
@@ -327,7 +327,7 @@ pub async fn run(
         written.retain(|name, _| present.contains(name));
 
         for p in to_clear {
-            if !*leading.borrow() {
+            if !leading.now() {
                 return;
             }
             let name = p.name_any();
@@ -467,7 +467,7 @@ pub async fn run(
             t.unconfirmed = false;
             t.affected = j.affected.clone();
             t.due = now + verdict::jittered(shared.interval, shared.random());
-            if !*leading.borrow() {
+            if !leading.now() {
                 return;
             }
             match write(&api, &policy, &j, &t.window, written.get(&name)).await {

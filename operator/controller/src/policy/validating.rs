@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::Resource as _;
@@ -205,7 +206,7 @@ pub async fn maintain(
     client: Client,
     writer: Writer,
     mut ca_bundle: watch::Receiver<Option<Arc<String>>>,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
     metrics: Arc<Metrics>,
 ) {
     let selector = match writer.policy_selector.as_deref().map(parse_label_selector) {
@@ -273,7 +274,7 @@ pub async fn maintain(
 async fn ensure_absent(
     api: &Api<ValidatingWebhookConfiguration>,
     name: &str,
-    leading: &watch::Receiver<bool>,
+    leading: &Leadership,
 ) -> Result<(), kube::Error> {
     let Some(existing) = api.get_metadata_opt(name).await? else {
         return Ok(());
@@ -284,7 +285,7 @@ async fn ensure_absent(
         .as_ref()
         .and_then(|l| l.get(MANAGED_BY_LABEL))
         .is_some_and(|v| v == MANAGER);
-    if !ours || !*leading.borrow() {
+    if !ours || !leading.now() {
         return Ok(());
     }
     match api.delete(name, &DeleteParams::default()).await {
@@ -304,7 +305,7 @@ async fn ensure(
     selector: Option<&LabelSelector>,
     name: &str,
     ca_bundle: &str,
-    leading: &watch::Receiver<bool>,
+    leading: &Leadership,
 ) -> Result<(), kube::Error> {
     // Without the CRD's uid the configuration is written unowned (and owned on a later pass):
     // judging policies matters more than its garbage collection.
@@ -329,7 +330,7 @@ async fn ensure(
     {
         return Ok(());
     }
-    if !*leading.borrow() {
+    if !leading.now() {
         return Ok(());
     }
     api.patch(
