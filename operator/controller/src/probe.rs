@@ -22,7 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicyStatus, ProbeStatus, condition};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, condition};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use crate::coverage::{Namespaces, Policies};
@@ -432,6 +432,7 @@ pub async fn run(
                 containers: verdict::injected_containers(&compiled),
                 others: others(&served, &name),
                 timeout_seconds: compiled.spec().timeout_seconds,
+                in_tree: policy.status.as_ref().and_then(|s| s.mode) == Some(Mode::InTree),
             };
             let j = match outcome {
                 Err(j) => j,
