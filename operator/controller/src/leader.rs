@@ -20,7 +20,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::certs::ca::is_conflict;
+use crate::retry::is_conflict;
 
 /// How the election is run.
 #[derive(Clone, Debug)]

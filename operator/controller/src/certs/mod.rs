@@ -39,12 +39,13 @@ use splice_server::tls::CertResolver;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
-use self::ca::{CaError, KeyedCert, is_conflict};
+use self::ca::{CaError, KeyedCert};
 use self::rotation::{
     CA_SECRET, CaState, Observed, Phase, ReplicaReport, SERVING_SECRET, Step, Timing,
 };
 use crate::Settings;
 use crate::leader::Leadership;
+use crate::retry::is_conflict;
 use crate::policy::validating::validating_configuration_name;
 
 /// Label of the per-replica report Leases.

@@ -133,7 +133,7 @@ fn policy() -> InjectionPolicy {
 }
 
 fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<Context> {
-    let settings = crate::tests::settings();
+    let settings = crate::context::tests::settings();
     let (store, mut writer) = reflector::store();
     for p in policies {
         writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
