@@ -16,7 +16,7 @@ use crate::certs::{Serving, rotation};
 use crate::guard;
 use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::policy::reconcile::Error;
+use crate::policy::error::Error;
 use crate::policy::render::ClientTarget;
 use crate::policy::{neighbours, serving};
 

@@ -26,8 +26,7 @@ use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, con
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use crate::coverage::{Namespaces, Policies};
-use crate::policy::groups::webhook_name_of;
-use crate::policy::render::webhook_name;
+use crate::policy::groups::{webhook_name, webhook_name_of};
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
 };
@@ -595,7 +594,7 @@ async fn write(
 }
 
 async fn warn(recorder: &Recorder, policy: &InjectionPolicy, j: &Judgement) {
-    let note = crate::policy::reconcile::truncate(j.message(), 1000);
+    let note = crate::policy::error::truncate(j.message(), 1000);
     let ev = Event {
         type_: EventType::Warning,
         reason: j.reason.to_owned(),

@@ -45,8 +45,8 @@ use self::rotation::{
 };
 use crate::Settings;
 use crate::leader::Leadership;
-use crate::retry::is_conflict;
 use crate::policy::validating::validating_configuration_name;
+use crate::retry::is_conflict;
 
 /// Label of the per-replica report Leases.
 pub const REPLICA_LABEL: &str = "splice.dev/replica-report";

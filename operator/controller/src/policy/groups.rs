@@ -20,8 +20,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use sha2::{Digest, Sha256};
 use splice_crds::{FailurePolicy, InjectionPolicySpec, Operation};
 
-use super::render::{webhook_configuration_name, webhook_name};
-
 /// The most policies one entry serves; the webhook refuses longer paths.
 pub const MAX_GROUP_SIZE: usize = 32;
 
@@ -189,6 +187,16 @@ impl Plan {
     pub fn groups(&self) -> &[Group] {
         &self.groups
     }
+}
+
+/// Name of the MutatingWebhookConfiguration that serves `policy`.
+pub fn webhook_configuration_name(policy: &str) -> String {
+    format!("splice-{policy}")
+}
+
+/// Name of the single webhook inside that configuration.
+pub fn webhook_name(policy: &str) -> String {
+    format!("{policy}.splice.dev")
 }
 
 /// The webhook name inside configuration `configuration`, as [`Plan::new`] names it.

@@ -12,24 +12,22 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{
-    InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
-};
+use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, MANAGER};
 use splice_engine::PolicyError;
 
+use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
     Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, effective_failure_policy,
     planned_events,
 };
 use super::conflicts::conflicts_of;
-use super::groups::{Group, Member, Plan};
-use super::render::{
-    RenderContext, RenderError, is_up_to_date, render_group, webhook_configuration_name,
-};
+use super::error::{Error, truncate};
+use super::groups::{Group, Member, Plan, webhook_configuration_name};
+use super::render::{RenderContext, RenderError, render_group};
 use super::serving::{InForce, in_force};
 use super::{intree, intree_apply};
 use crate::Context;
@@ -38,49 +36,6 @@ use crate::retry::backoff;
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
 pub const RESYNC: Duration = Duration::from_secs(300);
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("this replica is not the leader")]
-    NotLeader,
-    #[error("the webhook CA is not loaded yet")]
-    NoCertificate,
-    #[error(transparent)]
-    Render(#[from] RenderError),
-    #[error("writing MutatingWebhookConfiguration {name}: {source}")]
-    Apply { name: String, source: kube::Error },
-    #[error("removing MutatingWebhookConfiguration {name}: {source}")]
-    Remove { name: String, source: kube::Error },
-    #[error("reading MutatingWebhookConfiguration {name}: {source}")]
-    Read { name: String, source: kube::Error },
-    #[error("writing the status of policy {name}: {source}")]
-    Status { name: String, source: kube::Error },
-    /// `message` is the API's answer, cut short: a refused admission policy comes back with its
-    /// whole CEL quoted, more than a condition message may hold.
-    #[error("{action} {kind} {name}: {message}")]
-    InTree {
-        action: &'static str,
-        kind: &'static str,
-        name: String,
-        message: String,
-    },
-}
-
-impl Error {
-    /// Stable label for `splice_reconcile_total{result}`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Error::NotLeader => "not_leader",
-            Error::NoCertificate => "no_certificate",
-            Error::Render(e) => e.label(),
-            Error::Apply { .. } => "apply_error",
-            Error::Remove { .. } => "remove_error",
-            Error::Read { .. } => "read_error",
-            Error::Status { .. } => "status_error",
-            Error::InTree { .. } => "in_tree_error",
-        }
-    }
-}
 
 /// The reconciler the controller runs.
 #[tracing::instrument(skip_all, fields(policy = %policy.name_any(), generation = policy.metadata.generation))]
@@ -387,49 +342,28 @@ async fn ensure_applied(ctx: &Context, group: &Group) -> Result<Option<PlannedEv
     let desired = render_group(group, &cx)?;
     let name = desired.metadata.name.clone().unwrap_or_default();
     let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    let observed = api.get_opt(&name).await.map_err(|source| Error::Read {
-        name: name.clone(),
-        source,
-    })?;
-    if observed
-        .as_ref()
-        .is_some_and(|o| is_up_to_date(&desired, o))
-    {
-        return Ok(None);
+    let applied = apply_if_changed(&api, &ctx.leading, &desired)
+        .await
+        .map_err(|CallFailed { step, source }| match step {
+            Step::Reading => Error::Read {
+                name: name.clone(),
+                source,
+            },
+            Step::Writing | Step::Removing => Error::Apply {
+                name: name.clone(),
+                source,
+            },
+        })?;
+    match applied {
+        Applied::UpToDate(_) => Ok(None),
+        Applied::NotLeader => Err(Error::NotLeader),
+        Applied::Written { drift, .. } => Ok(drift.map(|drift| PlannedEvent {
+            severity: Severity::Warning,
+            reason: "WebhookConfigurationRestored".to_owned(),
+            action: "ApplyWebhookConfiguration",
+            note: drift.note("MutatingWebhookConfiguration", &name),
+        })),
     }
-    ctx.ensure_leading()?;
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&desired),
-    )
-    .await
-    .map_err(|source| Error::Apply {
-        name: name.clone(),
-        source,
-    })?;
-    tracing::info!(configuration = %name, existed = observed.is_some(), "applied webhook configuration");
-    let note = match &observed {
-        None => format!("MutatingWebhookConfiguration {name} had been deleted; recreated."),
-        Some(o) if edited_by_someone_else(o) => format!(
-            "MutatingWebhookConfiguration {name} had been changed by another field manager; restored."
-        ),
-        Some(_) => return Ok(None),
-    };
-    Ok(Some(PlannedEvent {
-        severity: Severity::Warning,
-        reason: "WebhookConfigurationRestored".to_owned(),
-        action: "ApplyWebhookConfiguration",
-        note,
-    }))
-}
-
-fn edited_by_someone_else(observed: &MutatingWebhookConfiguration) -> bool {
-    observed.metadata.managed_fields.iter().flatten().any(|m| {
-        m.manager
-            .as_deref()
-            .is_some_and(|manager| manager != MANAGER)
-    })
 }
 
 /// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
@@ -509,77 +443,22 @@ async fn retire(
 /// labelled as managed by Splice); a configuration of the same name that someone else made is
 /// left alone.
 async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> Result<(), Error> {
-    let fail = |step, source| match step {
-        Removal::Reading => Error::Read {
-            name: name.to_owned(),
-            source,
-        },
-        Removal::Removing => Error::Remove {
-            name: name.to_owned(),
-            source,
-        },
-    };
-    remove_if_ours::<MutatingWebhookConfiguration>(ctx, policy, name, fail)
+    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    let removal = remove_if_ours(&api, &ctx.leading, policy.metadata.uid.as_deref(), name)
         .await
-        .map(|_| ())
-}
-
-/// The step of [`remove_if_ours`] that failed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Removal {
-    Reading,
-    Removing,
-}
-
-/// Deletes the cluster-scoped object `name` if it is Splice's (labelled as managed by Splice, or
-/// owned by `policy`); one of the same name that someone else made is left alone. True when
-/// Splice's object existed. `fail` names a failed API call in the caller's terms.
-pub(crate) async fn remove_if_ours<K>(
-    ctx: &Context,
-    policy: &InjectionPolicy,
-    name: &str,
-    fail: impl Fn(Removal, kube::Error) -> Error,
-) -> Result<bool, Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let Some(existing) = api
-        .get_opt(name)
-        .await
-        .map_err(|e| fail(Removal::Reading, e))?
-    else {
-        return Ok(false);
-    };
-    let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
-        || existing
-            .owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
-    if !ours {
-        tracing::warn!(%kind, name, "not removing an object Splice does not manage");
-        return Ok(false);
-    }
-    ctx.ensure_leading()?;
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: existing.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => {
-            tracing::info!(%kind, name, "removed");
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
-        Err(source) => Err(fail(Removal::Removing, source)),
+        .map_err(|CallFailed { step, source }| match step {
+            Step::Reading => Error::Read {
+                name: name.to_owned(),
+                source,
+            },
+            Step::Writing | Step::Removing => Error::Remove {
+                name: name.to_owned(),
+                source,
+            },
+        })?;
+    match removal {
+        Removal::NotLeader => Err(Error::NotLeader),
+        Removal::Absent | Removal::NotOurs | Removal::Removed => Ok(()),
     }
 }
 
@@ -631,32 +510,5 @@ async fn publish(ctx: &Context, policy: &InjectionPolicy, event: PlannedEvent) {
     };
     if let Err(e) = ctx.recorder.publish(&ev, &policy.object_ref(&())).await {
         tracing::warn!(policy = %policy.name_any(), reason = %reason, error = %e, "could not publish an Event");
-    }
-}
-
-/// Events notes are limited to 1 kB.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max.saturating_sub(1);
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncation_respects_character_boundaries() {
-        let s = "é".repeat(600);
-        let t = truncate(s, 1000);
-        assert!(t.len() <= 1000 + '…'.len_utf8());
-        assert!(t.ends_with('…'));
-        assert_eq!(truncate("short".into(), 1000), "short");
     }
 }

@@ -15,7 +15,8 @@ use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, O
 use tokio::sync::watch;
 use tower_test::mock;
 
-use super::reconcile::{Error, reconcile};
+use super::error::Error;
+use super::reconcile::reconcile;
 use crate::Context;
 use crate::leader::Leadership;
 

@@ -25,16 +25,6 @@ use splice_crds::{
 /// (253 characters); `splice-<policy>` is shorter, so this bound covers both.
 pub const MAX_POLICY_NAME_LEN: usize = 253 - ".splice.dev".len();
 
-/// Name of the MutatingWebhookConfiguration that serves `policy`.
-pub fn webhook_configuration_name(policy: &str) -> String {
-    format!("splice-{policy}")
-}
-
-/// Name of the single webhook inside that configuration.
-pub fn webhook_name(policy: &str) -> String {
-    format!("{policy}.splice.dev")
-}
-
 /// HTTP path the webhook server answers for `policy`.
 pub fn webhook_path(policy: &str) -> String {
     format!("/inject/{policy}")
