@@ -15,6 +15,25 @@ use splice_crds::{MANAGED_BY_LABEL, MANAGER};
 use super::render::is_up_to_date;
 use crate::leader::Leadership;
 
+/// A cluster-scoped object Splice reads, writes and removes whole.
+pub(crate) trait ClusterObject:
+    Resource<Scope = ClusterResourceScope, DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + Serialize
+    + DeserializeOwned
+{
+}
+
+impl<K> ClusterObject for K where
+    K: Resource<Scope = ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned
+{
+}
+
 /// The API call that failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {
@@ -78,19 +97,11 @@ pub(crate) enum Applied<K> {
 
 /// Writes `desired` by server-side apply under Splice's field manager unless the observed object
 /// already says all of it, and only while this replica leads.
-pub(crate) async fn apply_if_changed<K>(
+pub(crate) async fn apply_if_changed<K: ClusterObject>(
     api: &Api<K>,
     leading: &Leadership,
     desired: &K,
-) -> Result<Applied<K>, CallFailed>
-where
-    K: Resource<Scope = ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + Serialize
-        + DeserializeOwned,
-    K::DynamicType: Default,
-{
+) -> Result<Applied<K>, CallFailed> {
     let name = desired.meta().name.clone().unwrap_or_default();
     let drift = match api.get_opt(&name).await.map_err(failed(Step::Reading))? {
         Some(o) if is_up_to_date(desired, &o) => return Ok(Applied::UpToDate(o)),
@@ -108,7 +119,7 @@ where
         )
         .await
         .map_err(failed(Step::Writing))?;
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let kind = K::kind(&()).into_owned();
     tracing::info!(%kind, name = %name, existed = drift != Some(Drift::Absent), "applied");
     Ok(Applied::Written { object, drift })
 }
@@ -136,17 +147,13 @@ pub(crate) enum Removal {
 
 /// Deletes the object `name` if it is Splice's (labelled as managed by Splice, or owned by
 /// `owner_uid`), conditional on the uid read, and only while this replica leads.
-pub(crate) async fn remove_if_ours<K>(
+pub(crate) async fn remove_if_ours<K: ClusterObject>(
     api: &Api<K>,
     leading: &Leadership,
     owner_uid: Option<&str>,
     name: &str,
-) -> Result<Removal, CallFailed>
-where
-    K: Resource<Scope = ClusterResourceScope> + Clone + std::fmt::Debug + DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
+) -> Result<Removal, CallFailed> {
+    let kind = K::kind(&()).into_owned();
     let Some(existing) = api.get_opt(name).await.map_err(failed(Step::Reading))? else {
         return Ok(Removal::Absent);
     };

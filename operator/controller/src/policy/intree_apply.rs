@@ -9,13 +9,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::{Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::ResourceExt;
 use splice_crds::InjectionPolicy;
 use splice_engine::InTreeProgram;
 
-use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
+use super::apply::{
+    Applied, CallFailed, ClusterObject, Removal, Step, apply_if_changed, remove_if_ours,
+};
 use super::conditions::{PlannedEvent, Severity};
 use super::error::{Error, truncate};
 use super::intree::{admission_policy_name, render_binding, render_policy};
@@ -43,19 +43,11 @@ pub async fn ensure(
     Ok((event, created))
 }
 
-async fn apply_one<K>(
+async fn apply_one<K: ClusterObject>(
     ctx: &Context,
     desired: &K,
     kind: &'static str,
-) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + Serialize
-        + DeserializeOwned,
-    K::DynamicType: Default,
-{
+) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error> {
     let name = desired.meta().name.clone().unwrap_or_default();
     let api: Api<K> = Api::all(ctx.client.clone());
     let created = |o: &K| o.meta().creation_timestamp.as_ref().map(|t| t.0);
@@ -104,19 +96,12 @@ pub async fn remove(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Err
     Ok(a || b)
 }
 
-async fn remove_one<K>(
+async fn remove_one<K: ClusterObject>(
     ctx: &Context,
     policy: &InjectionPolicy,
     name: &str,
     kind: &'static str,
-) -> Result<bool, Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + DeserializeOwned,
-    K::DynamicType: Default,
-{
+) -> Result<bool, Error> {
     let api: Api<K> = Api::all(ctx.client.clone());
     match remove_if_ours(&api, &ctx.leading, policy.metadata.uid.as_deref(), name)
         .await

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use super::{policy_api, wait_true};
 use crate::leader::Leadership;
+use crate::policy::apply::ClusterObject;
 use crate::policy::reconcile;
 
 /// Deletes Splice-labelled webhook configurations whose owning policy is gone. Garbage
@@ -47,19 +48,12 @@ pub(super) async fn sweep_orphans(
     }
 }
 
-async fn sweep_once<K>(
+async fn sweep_once<K: ClusterObject>(
     configurations: &Api<K>,
     policies: &Api<InjectionPolicy>,
     known: &Store<InjectionPolicy>,
     leading: &Leadership,
-) -> Result<(), kube::Error>
-where
-    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
+) -> Result<(), kube::Error> {
     let managed = configurations
         .list_metadata(&ListParams::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGER}")))
         .await?;
