@@ -8,8 +8,8 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
 };
 use k8s_openapi::jiff::Timestamp;
-use kube::api::Api;
 use kube::ResourceExt;
+use kube::api::Api;
 use splice_crds::InjectionPolicy;
 use splice_engine::InTreeProgram;
 

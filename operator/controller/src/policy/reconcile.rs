@@ -5,7 +5,6 @@
 //! replica still leads, so a replica that lost the lease stops writing even before its task is
 //! cancelled.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,22 +15,20 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, MANAGER};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
 use splice_engine::PolicyError;
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
-    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, effective_failure_policy,
-    planned_events,
+    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, planned_events,
 };
-use super::conflicts::conflicts_of;
+use super::desired::{Desired, World, desired};
 use super::error::{Error, truncate};
-use super::groups::{Group, Member, Plan, webhook_configuration_name};
+use super::groups::{Group, Plan, webhook_configuration_name};
 use super::render::{RenderContext, RenderError, render_group};
-use super::serving::{InForce, in_force};
+use super::serving::InForce;
 use super::{intree, intree_apply};
 use crate::Context;
-use crate::guard::GuardStatus;
 use crate::retry::backoff;
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
@@ -69,6 +66,8 @@ pub fn error_policy(policy: Arc<InjectionPolicy>, error: &Error, ctx: Arc<Contex
     Action::requeue(delay)
 }
 
+/// One reconcile: decide ([`desired`], pure), act (write the path in force, retire the old one),
+/// report (status and Events, written only when they differ).
 async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Action, Error> {
     if policy.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the owned configuration; the janitor covers clusters without it.
@@ -90,58 +89,52 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         }
         return Err(Error::NoCertificate);
     }
-    let name = policy.name_any();
-    let configuration = webhook_configuration_name(&name);
-    let generation = policy.metadata.generation;
-    let in_force = in_force(policy);
-    // The webhook configuration is rendered from the spec in force: an invalid update leaves it
-    // exactly as the last good generation had it.
-    let served = match &in_force {
-        InForce::LastGood { compiled, .. } => Cow::Owned(InjectionPolicy {
-            spec: compiled.spec().clone(),
-            ..policy.clone()
-        }),
-        InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
-    };
-    let mode = intree::decide(served.spec.mode, in_force.compiled());
+    let known = ctx.last_known_status(policy);
     let guard = ctx.guard.borrow().clone();
-    let failure_policy = match &mode.program {
-        Some(_) => intree::failure_policy(served.spec.failure_policy),
-        None => effective_failure_policy(served.spec.failure_policy, &guard),
-    };
     let all = ctx.policies.state();
-    let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
-    // In webhook mode; in-tree, a policy is no webhook entry's.
-    let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
-    let plan = plan_groups(ctx, policy, serves.then_some(&served.spec), &all, &guard);
-    drop(all);
-    let group = plan.group_of(&name).cloned();
-    let mut partners: BTreeSet<String> = conflicts.iter().map(|c| c.other.clone()).collect();
-    partners.extend(
-        group
-            .iter()
-            .flat_map(|g| g.members.iter().map(|m| m.name.clone())),
+    let desired = desired(
+        policy,
+        &World {
+            policies: &all,
+            served: &ctx.served,
+            guard: &guard,
+            instance: &ctx.instance,
+            status: known.as_ref(),
+        },
     );
-    partners.remove(&name);
-    ctx.neighbours.observed(policy, partners);
-    // The entry that served this policy so far, if another: retired once the new one is in force.
-    let previous = ctx
-        .last_known_status(policy)
-        .and_then(|s| s.webhook_configuration)
-        .unwrap_or_else(|| configuration.clone());
-    let configuration = group.as_ref().map_or(previous, |g| g.configuration.clone());
+    drop(all);
+    ctx.neighbours.observed(policy, desired.partners.clone());
+    let acted = act(ctx, policy, &desired).await?;
+    report(ctx, policy, &desired, acted).await
+}
 
+/// What acting on a decision did.
+struct Acted {
+    outcome: WebhookOutcome,
+    /// The drift Event, when Splice restored what someone else had changed or deleted.
+    restored: Option<PlannedEvent>,
+    /// Set while a newly written path settles: the old one goes at the next pass.
+    settling: Option<Duration>,
+    /// The failure the outcome reports, returned once the status says so.
+    failure: Option<Error>,
+}
+
+/// Puts the decided path in force: the new path first, the old one retired only once the new
+/// one is in force; a paused or invalid policy loses both. An `Err` ends the reconcile before
+/// any status is written.
+async fn act(ctx: &Context, policy: &InjectionPolicy, d: &Desired<'_>) -> Result<Acted, Error> {
+    let name = policy.name_any();
+    let configuration = d.configuration.clone();
     let mut failure = None;
     let mut restored = None;
-    // Set while a newly written path settles: the old one goes at the next pass.
     let mut settling = None;
     let outcome = if policy.spec.paused {
-        match remove_both(ctx, policy, &plan).await {
+        match remove_both(ctx, policy, &d.plan).await {
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else if let InForce::Nothing(error) = &in_force {
-        match remove_both(ctx, policy, &plan).await {
+    } else if let InForce::Nothing(error) = &d.in_force {
+        match remove_both(ctx, policy, &d.plan).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
                 reason: invalid_reason(error),
@@ -150,19 +143,18 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else {
-        // The new path first; the old one only once the new one is in force.
-        let applied = match (&mode.program, &group) {
+        let applied = match (&d.mode.program, &d.group) {
             (Some(program), _) => {
                 let drift = policy.status.as_ref().is_some_and(|s| {
                     s.observed_generation == policy.metadata.generation
                         && s.mode == Some(splice_crds::Mode::InTree)
                 });
-                match intree_apply::ensure(ctx, &served, program, drift).await {
+                match intree_apply::ensure(ctx, &d.served, program, drift).await {
                     Ok((event, created)) => {
                         settling = intree_apply::still_settling(created, Timestamp::now());
                         match settling {
                             Some(_) => Ok(event),
-                            None => retire(ctx, policy, &plan, None).await.map(|()| event),
+                            None => retire(ctx, policy, &d.plan, None).await.map(|()| event),
                         }
                     }
                     Err(e) => Err(e),
@@ -171,25 +163,29 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             (None, Some(group)) => match ensure_applied(ctx, group).await {
                 // Webhook configurations reach the API server through one watch, in order: the
                 // entry just applied is in force before a retired one is gone.
-                Ok(change) => match retire(ctx, policy, &plan, Some(&group.configuration)).await {
-                    Err(e) => Err(e),
-                    // Once the status says Webhook, the in-tree objects are known to be gone: the
-                    // steady state reads nothing more than the configuration.
-                    Ok(())
-                        if policy.status.as_ref().and_then(|s| s.mode)
-                            != Some(splice_crds::Mode::Webhook)
-                            && intree_apply::exists(ctx, policy).await? =>
-                    {
-                        let created =
-                            intree_apply::webhook_created(ctx, &group.configuration).await?;
-                        settling = intree_apply::still_settling(created, Timestamp::now());
-                        if settling.is_none() {
-                            intree_apply::remove(ctx, policy).await?;
+                Ok(change) => {
+                    match retire(ctx, policy, &d.plan, Some(&group.configuration)).await {
+                        Err(e) => Err(e),
+                        // Once the status says Webhook, the in-tree objects are known to be gone: the
+                        // steady state reads nothing more than the configuration.
+                        Ok(())
+                            if policy.status.as_ref().and_then(|s| s.mode)
+                                != Some(splice_crds::Mode::Webhook)
+                                && intree_apply::exists(ctx, policy).await? =>
+                        {
+                            let created =
+                                intree_apply::webhook_created(ctx, &group.configuration).await?;
+                            settling = intree_apply::still_settling(created, Timestamp::now());
+                            if settling.is_none() {
+                                intree_apply::remove(ctx, policy).await?;
+                            }
+                            Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
                         }
-                        Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
+                        Ok(()) => {
+                            Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
+                        }
                     }
-                    Ok(()) => Ok(change.filter(|_| was_applied_at_this_generation(policy, group))),
-                },
+                }
                 Err(e) => Err(e),
             },
             // Serving, so planned: a policy the plan left out is a bug; say so rather than guess.
@@ -198,7 +194,7 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         match applied {
             Ok(change) => {
                 restored = change;
-                match &in_force {
+                match &d.in_force {
                     InForce::LastGood { compiled, error } => WebhookOutcome::Held {
                         configuration,
                         reason: invalid_reason(error),
@@ -213,8 +209,33 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Err(e) => failed(configuration, e, &mut failure),
         }
     };
+    Ok(Acted {
+        outcome,
+        restored,
+        settling,
+        failure,
+    })
+}
 
-    let shared_with: Vec<String> = group
+/// Reports what the decision and the action came to: the status, written only when it differs
+/// from the last known one, and the Events of its transitions and of any repaired drift.
+async fn report(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    d: &Desired<'_>,
+    acted: Acted,
+) -> Result<Action, Error> {
+    let Acted {
+        outcome,
+        restored,
+        settling,
+        failure,
+    } = acted;
+    let name = policy.name_any();
+    let generation = policy.metadata.generation;
+    let in_force = &d.in_force;
+    let shared_with: Vec<String> = d
+        .group
         .as_ref()
         .filter(|g| g.is_shared())
         .map(|g| g.names().into_iter().map(str::to_owned).collect())
@@ -230,8 +251,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         template_hash: template_hash.as_deref(),
         serving: serving.as_ref().map(|(g, spec)| (*g, spec)),
         webhook: &outcome,
-        failure_policy: &failure_policy,
-        conflicts: &conflicts,
+        failure_policy: &d.failure_policy,
+        conflicts: &d.conflicts,
         pod_security: in_force.compiled().map(|c| c.pod_security().level),
         warnings: &warnings,
         shared_with: &shared_with,
@@ -253,10 +274,10 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     );
     // While the new path settles, the old one is in force too: status.mode flips once it goes.
     if settling.is_none() {
-        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        intree::apply_status(&mut status, &d.mode, served_somehow, generation, now);
     } else {
         let previous = status.mode;
-        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        intree::apply_status(&mut status, &d.mode, served_somehow, generation, now);
         status.mode = previous.or(status.mode);
     }
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
@@ -364,30 +385,6 @@ async fn ensure_applied(ctx: &Context, group: &Group) -> Result<Option<PlannedEv
             note: drift.note("MutatingWebhookConfiguration", &name),
         })),
     }
-}
-
-/// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
-/// its reconcile just decided (`None`: it serves nothing); the others with the spec each serves.
-fn plan_groups(
-    ctx: &Context,
-    this: &InjectionPolicy,
-    this_spec: Option<&InjectionPolicySpec>,
-    all: &[Arc<InjectionPolicy>],
-    guard: &GuardStatus,
-) -> Plan {
-    let member = |p: &InjectionPolicy, spec: &InjectionPolicySpec| Member {
-        name: p.name_any(),
-        uid: p.metadata.uid.clone().unwrap_or_default(),
-        failure_policy: effective_failure_policy(spec.failure_policy, guard).effective,
-        spec: spec.clone(),
-    };
-    let this_name = this.name_any();
-    let others = all
-        .iter()
-        .filter(|p| p.name_any() != this_name)
-        .filter_map(|p| ctx.served.get(p).map(|spec| member(p, &spec)));
-    let this = this_spec.map(|spec| member(this, spec));
-    Plan::new(others.chain(this), &ctx.instance)
 }
 
 /// Takes `policy` out of every entry that served it other than `keep`: an entry still planned for
