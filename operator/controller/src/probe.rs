@@ -26,10 +26,10 @@ use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, con
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use crate::coverage::{Namespaces, Policies};
-use crate::policy::groups::{webhook_name, webhook_name_of};
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
 };
+use splice_engine::entry::{webhook_name, webhook_name_of};
 
 /// The field manager of the Verified condition and `status.probe`: its own, so the reconciler's
 /// apply of the rest of the status (manager `splice`) neither removes nor fights over them.

@@ -18,7 +18,7 @@ use splice_engine::{
 };
 
 use super::offline::{self, DEFAULT_SPLICE_NAMESPACE, InputError, NamespaceArgs};
-use splice_controller::policy::groups::{Member, Plan};
+use splice_engine::entry::{Member, Plan};
 
 #[derive(clap::Args)]
 pub struct Args {

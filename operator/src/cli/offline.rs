@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
-use splice_controller::policy::groups::{Member, Plan};
 use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
+use splice_engine::entry::{Member, Plan};
 use splice_engine::{
     self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
     Selection, SkipReason,
@@ -726,7 +726,7 @@ impl Reinvocation {
 }
 
 /// One webhook entry as Splice would write it: a policy alone, or the policies that share one
-/// entry and one call (see `splice_controller::policy::groups`).
+/// entry and one call (see `splice_engine::entry`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// The MutatingWebhookConfiguration's name.

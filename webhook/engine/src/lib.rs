@@ -14,6 +14,7 @@ use splice_crds::{
 
 mod cache;
 mod chain;
+pub mod entry;
 pub mod explain;
 mod facts;
 pub mod intree;

@@ -12,10 +12,10 @@ use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus};
 
 use super::conditions::{FailurePolicyDecision, effective_failure_policy};
 use super::conflicts::{Conflict, conflicts_of};
-use super::groups::{Group, Member, Plan, webhook_configuration_name};
 use super::intree::{self, ModeDecision};
 use super::serving::{InForce, ServedSpecs, in_force};
 use crate::guard::GuardStatus;
+use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
 
 /// What the leader knows of the cluster when it decides one policy.
 pub struct World<'a> {

@@ -9,7 +9,7 @@ pub mod conditions;
 pub mod conflicts;
 pub mod desired;
 pub mod error;
-pub mod groups;
+
 pub mod intree;
 pub mod intree_apply;
 pub mod neighbours;

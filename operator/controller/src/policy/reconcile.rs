@@ -24,12 +24,12 @@ use super::conditions::{
 };
 use super::desired::{Desired, World, desired};
 use super::error::{Error, truncate};
-use super::groups::{Group, Plan, webhook_configuration_name};
 use super::render::{RenderContext, RenderError, render_group};
 use super::serving::InForce;
 use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
+use splice_engine::entry::{Group, Plan, webhook_configuration_name};
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
 pub const RESYNC: Duration = Duration::from_secs(300);
