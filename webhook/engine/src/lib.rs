@@ -452,6 +452,11 @@ pub enum EngineError {
         field: String,
         message: String,
     },
+    /// The engine contradicted itself (a patch it planned does not serialize or does not apply):
+    /// a bug in Splice, not in the pod or the policy. Its detail names no pod content, so callers
+    /// log it whole.
+    #[error("engine bug: {0}")]
+    Bug(String),
 }
 
 impl EngineError {
@@ -642,12 +647,12 @@ fn run(
         }),
         rendered,
     })?;
-    let patch =
-        patch::serialize(&plan.ops).map_err(|e| EngineError::InvalidObject(e.to_string()))?;
+    let patch = patch::serialize(&plan.ops)
+        .map_err(|e| EngineError::Bug(format!("the planned patch does not serialize: {e}")))?;
     let object = if want_object {
         let mut doc = parse_value(request.object.text)?;
         patch::apply(&mut doc, &patch).map_err(|e| {
-            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {e}"))
+            EngineError::Bug(format!("the engine produced an inapplicable patch: {e}"))
         })?;
         Some(doc)
     } else {

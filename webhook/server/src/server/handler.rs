@@ -406,9 +406,11 @@ impl Handler {
                 each.push(Outcome::UnknownPolicy);
                 continue;
             };
-            let decided = decisions
-                .next()
-                .unwrap_or(Err(EngineError::InvalidObject("no decision".into())));
+            let decided = decisions.next().unwrap_or_else(|| {
+                Err(EngineError::Bug(
+                    "no decision for a policy the call named".into(),
+                ))
+            });
             each.push(match decided {
                 Ok(Decision::Inject(injection)) => {
                     if !review.dry_run {
