@@ -3,11 +3,13 @@
 //! server answered, and what the Verified condition and `status.probe` say about it. The I/O is in
 //! [`super::probe`].
 
+use splice_engine::Selector;
+use splice_engine::selector::Op;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use splice_crds::{
     ConditionStatus, InjectionPolicyStatus, OPT_OUT_LABEL, Operation, ProbeLatency, ProbeStatus,
@@ -87,37 +89,25 @@ pub fn probe_labels(policy: &CompiledPolicy) -> Result<BTreeMap<String, String>,
         );
     }
     let mut labels = BTreeMap::new();
-    let selector: Option<&LabelSelector> = policy.spec().object_selector.as_ref();
-    if let Some(s) = selector {
-        labels.extend(s.match_labels.clone().unwrap_or_default());
-        for r in s.match_expressions.iter().flatten() {
-            let values = r.values.as_deref().unwrap_or_default();
-            match r.operator.as_str() {
-                "In" => {
-                    if !labels.contains_key(&r.key)
-                        && let Some(first) = values.first()
-                    {
-                        labels.insert(r.key.clone(), first.clone());
-                    }
+    let selector = Selector::read(policy.spec().object_selector.as_ref());
+    for r in selector.requirements() {
+        match &r.op {
+            Op::In(values) => {
+                if !labels.contains_key(&r.key)
+                    && let Some(first) = values.first()
+                {
+                    labels.insert(r.key.clone(), first.clone());
                 }
-                "Exists" => {
-                    labels
-                        .entry(r.key.clone())
-                        .or_insert_with(|| "probe".to_owned());
-                }
-                _ => {}
             }
+            Op::Exists => {
+                labels
+                    .entry(r.key.clone())
+                    .or_insert_with(|| "probe".to_owned());
+            }
+            Op::NotIn(_) | Op::DoesNotExist | Op::Unknown(_) => {}
         }
     }
-    let mentioned = selector.is_some_and(|s| {
-        s.match_labels
-            .as_ref()
-            .is_some_and(|m| m.contains_key(PROBE_LABEL))
-            || s.match_expressions
-                .iter()
-                .flatten()
-                .any(|r| r.key == PROBE_LABEL)
-    });
+    let mentioned = selector.requirements().iter().any(|r| r.key == PROBE_LABEL);
     if !mentioned {
         labels.insert(PROBE_LABEL.to_owned(), "true".to_owned());
     }
