@@ -4,6 +4,11 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cp="$root/e2e/controlplane"
+# The API server's audit log of writes to what Splice owns: e2e/tests/leadership.rs reads it to
+# tell which replica wrote what. Appended to any SPLICE_APISERVER_ARGS the caller set.
+run_dir=$(source "$cp/common.sh" && echo "$RUN_DIR")
+export SPLICE_AUDIT_LOG="$run_dir/audit.log"
+export SPLICE_APISERVER_ARGS="${SPLICE_APISERVER_ARGS:-} --audit-policy-file $root/e2e/audit-policy.yaml --audit-log-path $SPLICE_AUDIT_LOG"
 "$cp/up.sh" || exit 1
 trap '"$cp/down.sh" >/dev/null' EXIT
 if [ "${SPLICE_REAL_NODE:-1}" != 0 ]; then

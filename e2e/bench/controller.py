@@ -2,10 +2,15 @@
 """Driver of `make bench-controller` (see controller.sh, which starts the control plane and
 `splice run`). Talks to the API server directly over HTTPS with the admin client certificate of the
 local control plane, and counts Splice's API writes from the API server's own
-`apiserver_request_total` counters: writes to injectionpolicies/status,
-mutatingwebhookconfigurations and events. The driver never writes any of those itself (it only
-creates and patches policies' main resource, namespaces and pods), so every such write is Splice's.
-Lease renewals (leader election) are reported apart.
+`apiserver_request_total` counters: writes to injectionpolicies/status, the webhook
+configurations (mutating and validating), the in-tree MutatingAdmissionPolicies and their bindings,
+and events. The driver never writes any of those itself (it only creates, patches and deletes
+policies' main resource, namespaces and pods), so every such write is Splice's. Lease renewals
+(leader election) are reported apart.
+
+The webhook rows pin every policy to `mode: Webhook` (static templates run in-tree under the
+default `Auto`); the in-tree rows apply as many `mode: InTree` policies of their own, then delete
+them before the webhook rows go on.
 """
 
 import argparse
@@ -23,7 +28,9 @@ import time
 
 import yaml
 
-SPLICE_WRITES = ("injectionpolicies/status", "mutatingwebhookconfigurations", "events")
+SPLICE_WRITES = ("injectionpolicies/status", "mutatingwebhookconfigurations",
+                 "validatingwebhookconfigurations", "mutatingadmissionpolicies",
+                 "mutatingadmissionpolicybindings", "events")
 WRITE_VERBS = {"POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION"}
 GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
 
@@ -95,6 +102,11 @@ def splice_writes(before, after):
     return {k: after.get(k, 0) - before.get(k, 0) for k in SPLICE_WRITES}
 
 
+def describe(w):
+    """Splice's writes by resource, the ones it made."""
+    return ", ".join(f"{int(v)} {k}" for k, v in w.items() if v) or "none"
+
+
 def ready(p):
     st = p.get("status") or {}
     if st.get("observedGeneration") != p["metadata"].get("generation"):
@@ -105,7 +117,7 @@ def ready(p):
 PROBE_NS = "bench-probe"
 
 
-def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
+def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1", mode="Webhook", prefix="p"):
     # Ten policies inject a tenth of the bench pods each (by label); the rest select the empty
     # namespace PROBE_NS and a pod label no bench pod has, so the API server never calls them for
     # the bench pods, but the admission probe has a namespace to verify each of them in (with
@@ -117,6 +129,7 @@ def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
         ns_sel = {"matchLabels": {"kubernetes.io/metadata.name": PROBE_NS}}
         obj_sel = {"matchLabels": {"bench.splice.dev/none": f"p{i}"}}
     spec = {
+        "mode": mode,
         "namespaceSelector": ns_sel,
         "template": {
             "containers": [{"name": f"sidecar-{i}", "image": image}],
@@ -129,7 +142,8 @@ def policy(i, instance, pods_ns, image="registry.invalid/sidecar:1"):
     return {
         "apiVersion": "splice.dev/v1alpha1",
         "kind": "InjectionPolicy",
-        "metadata": {"name": f"bench-p{i:04d}", "labels": {"e2e.splice.dev/instance": instance}},
+        "metadata": {"name": f"bench-{prefix}{i:04d}",
+                     "labels": {"e2e.splice.dev/instance": instance}},
         "spec": spec,
     }
 
@@ -198,6 +212,8 @@ def main():
     ap.add_argument("--probe", type=int, default=1,
                     help="0: splice run was started with --probe-interval 0")
     ap.add_argument("--probe-timeout", type=int, default=1200)
+    ap.add_argument("--intree", type=int, default=1000,
+                    help="in-tree policies for the in-tree rows (0: skip them)")
     a = ap.parse_args()
     api = Api(a.kubeconfig)
     pool = cf.ThreadPoolExecutor(a.threads)
@@ -259,10 +275,9 @@ def main():
         add((f"admission probe's first round: time until all {a.policies} policies have "
              f"Verified (at most 5 requests/s)",
              f"{all_verified:.1f} s from the creates; results {json.dumps(results)}", "-"))
-    add(("API writes per policy (status + webhook configuration + Events"
+    add(("API writes per webhook policy (every resource Splice writes"
          + (", with the probe's one Verified write)" if a.probe else ")"),
-                 f"{total / a.policies:.2f} ({int(w['injectionpolicies/status'])} status, "
-                 f"{int(w['mutatingwebhookconfigurations'])} configuration, {int(w['events'])} Event)",
+                 f"{total / a.policies:.2f} ({describe(w)})",
                  "<= 2 (+1 with the probe)"))
     log(f"idle for {a.idle}s")
     probes_before = dry_run_creates(api)
@@ -283,6 +298,10 @@ def main():
     add((f"Splice writes over {a.idle} s idle afterwards",
                  f"{int(sum(wi.values()))} {json.dumps({k: int(v) for k, v in wi.items()})} "
                  f"(+{int(leases)} Lease renewals)", "0"))
+
+    # 1b. As many in-tree policies at once, then gone again.
+    if a.intree:
+        intree_rows(api, a, pool, list_policies, add, log)
 
     # 2. Template changes on one policy with N present.
     name = "bench-p0500" if a.policies > 500 else "bench-p0000"
@@ -360,6 +379,44 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
+
+
+def intree_rows(api, a, pool, list_policies, add, log):
+    """`a.intree` policies of mode InTree applied at once: the time until all are Ready and
+    Splice's writes per policy (status, MutatingAdmissionPolicy, binding, Events); then deleted,
+    and the time until their in-tree objects are gone."""
+    before = writes(api)
+    t0 = time.monotonic()
+    list(pool.map(lambda i: api.json("POST", GROUP, policy(i, a.instance, "bench-pods",
+                                                           mode="InTree", prefix="t")),
+                  range(a.intree)))
+    log(f"{a.intree} in-tree policies created; waiting for Ready")
+    names = {f"bench-t{i:04d}" for i in range(a.intree)}
+    while True:
+        n = sum(1 for p in list_policies() if p["metadata"]["name"] in names and ready(p))
+        if n == a.intree:
+            break
+        if time.monotonic() - t0 > 600:
+            raise SystemExit(f"only {n}/{a.intree} in-tree policies Ready after 600 s")
+        time.sleep(0.5)
+    all_ready = time.monotonic() - t0
+    time.sleep(10)  # trailing Events
+    w = splice_writes(before, writes(api))
+    add((f"{a.intree} in-tree policies (mode: InTree) applied at once: time until all Ready",
+         f"{all_ready:.1f} s", "-"))
+    add(("API writes per in-tree policy (every resource Splice writes)",
+         f"{sum(w.values()) / a.intree:.2f} ({describe(w)})", "-"))
+    list(pool.map(lambda n: api.call("DELETE", f"{GROUP}/{n}"), sorted(names)))
+    maps = "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicies"
+    while True:
+        left = [m for m in api.json("GET", maps)["items"]
+                if m["metadata"]["name"].startswith("splice-bench-t")]
+        if not left:
+            break
+        if time.monotonic() - t0 > 900:
+            raise SystemExit(f"{len(left)} in-tree objects left after their policies' deletion")
+        time.sleep(1)
+    log("in-tree policies deleted and their objects gone")
 
 
 def ca_rotation(api, a, pods_ns, log):

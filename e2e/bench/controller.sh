@@ -2,8 +2,10 @@
 # `make bench-controller`: the controller at scale on a control plane of its own (kwok nodes).
 # Starts the control plane, installs the CRD, runs one `splice run` (a --release build unless
 # SPLICE_BIN is given: memory and latency are measured on what would be shipped), and runs controller.py, which prints a markdown table:
-#   - POLICIES (1000) policies applied at once: time until all Ready, Splice's API writes per
-#     policy, and Splice's writes over IDLE (120) s afterwards;
+#   - POLICIES (1000) policies (mode: Webhook) applied at once: time until all Ready, Splice's API
+#     writes per policy, and Splice's writes over IDLE (120) s afterwards;
+#   - INTREE (default POLICIES) policies of mode InTree applied at once: time until all Ready and
+#     Splice's API writes per policy; then deleted;
 #   - CHANGES (30) template changes on one policy with all present: time until status shows it;
 #   - PODS (10000) pods created on kwok nodes (parallel requests), then splice run's VmRSS.
 #   - the admission probe (on unless PROBE=0, which starts splice run with --probe-interval 0):
@@ -14,7 +16,8 @@
 #     rotation phase is Stable again, and failed admissions among pods created during it.
 #
 # Environment: SPLICE_RUN_DIR (default ~/.cache/splice/bench-controller), SPLICE_PORT_BASE
-# (default 16540), POLICIES, PODS, IDLE, CHANGES, THREADS, SPLICE_BIN, OUT (also write the table),
+# (default 16540), POLICIES, INTREE (0: skip the in-tree rows), PODS, IDLE, CHANGES, THREADS,
+# SPLICE_BIN, OUT (also write the table),
 # ROTATION (0: skip the CA-rotation row, for quicker runs while working on the rest), PROBE (0: the
 # admission probe off, to compare the leader's CPU without it).
 set -euo pipefail
@@ -66,5 +69,5 @@ python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$
   --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
   --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"} ${ROTATION:+--rotation "$ROTATION"} \
-  --probe "${PROBE:-1}"
+  --probe "${PROBE:-1}" --intree "${INTREE:-${POLICIES:-1000}}"
 log "splice log: $splice_log"

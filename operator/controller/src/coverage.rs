@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -222,7 +223,7 @@ pub async fn run(
     namespaces: Arc<Mutex<Namespaces>>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
 ) {
     let pods = Arc::new(Mutex::new(Pods::default()));
     let pod_task = tokio::spawn(watch_pods(Api::all(client.clone()), Arc::clone(&pods)));
@@ -362,7 +363,7 @@ pub async fn run(
             if before == n.coverage {
                 continue;
             }
-            if !*leading.borrow() {
+            if !leading.now() {
                 return;
             }
             let patch = serde_json::json!({

@@ -11,6 +11,7 @@
 //! anti-flap rule (down at once, back up only after the condition held for a while); [`watch`]
 //! feeds both from the API and publishes a [`GuardStatus`] the reconciler reads.
 
+use splice_engine::Selector;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -216,23 +217,7 @@ fn scaled(value: &IntOrString, total: i32) -> Result<i32, String> {
 /// LabelSelector semantics for policy/v1 budgets: an empty selector selects every pod; an
 /// unknown operator selects nothing (the API server would not have accepted it anyway).
 fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
-    let by_labels = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
-        let value = labels.get(&e.key);
-        let values = e.values.as_deref().unwrap_or_default();
-        match e.operator.as_str() {
-            "In" => value.is_some_and(|v| values.contains(v)),
-            "NotIn" => value.is_none_or(|v| !values.contains(v)),
-            "Exists" => value.is_some(),
-            "DoesNotExist" => value.is_none(),
-            _ => false,
-        }
-    });
-    by_labels && by_expressions
+    Selector::read(Some(selector)).matches(|k| labels.get(k).map(String::as_str))
 }
 
 /// What the reconciler writes for a policy requesting `Fail`.

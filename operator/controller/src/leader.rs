@@ -20,7 +20,7 @@ use kube::api::{Api, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::certs::ca::is_conflict;
+use crate::retry::is_conflict;
 
 /// How the election is run.
 #[derive(Clone, Debug)]
@@ -166,41 +166,89 @@ fn acquired(previous: Option<&LeaseSpec>, config: &LeaseConfig) -> LeaseSpec {
     }
 }
 
+/// Whether this replica leads, as seen by the tasks that write: the election's last word and the
+/// instant it stops holding without another renewal (the renew deadline after the renewal was
+/// sent). [`Leadership::now`] reads both, so a replica that was paused past its deadline (a stopped
+/// process, a starved runtime) writes nothing even before its election loop has run again and said
+/// so: by then another replica may lead.
+#[derive(Clone, Debug)]
+pub struct Leadership(watch::Receiver<Option<Instant>>);
+
+/// The election's side of [`Leadership`].
+pub type LeadershipSender = watch::Sender<Option<Instant>>;
+
+impl Leadership {
+    /// A new election's channel; not leading until the election says so.
+    pub fn channel() -> (LeadershipSender, Leadership) {
+        let (tx, rx) = watch::channel(None);
+        (tx, Leadership(rx))
+    }
+
+    /// A leadership no election changes (tests, one-off tools): leading or not, for good.
+    pub fn fixed(leading: bool) -> Leadership {
+        let until = leading.then(|| {
+            let now = Instant::now();
+            now.checked_add(Duration::from_secs(10 * 365 * 24 * 3600))
+                .unwrap_or(now)
+        });
+        Leadership(watch::channel(until).1)
+    }
+
+    /// Whether this replica may write now.
+    pub fn now(&self) -> bool {
+        matches!(*self.0.borrow(), Some(until) if Instant::now() < until)
+    }
+
+    /// Waits until the election makes this replica leader; false once the election has ended.
+    pub async fn begun(&mut self) -> bool {
+        self.0.wait_for(Option::is_some).await.is_ok()
+    }
+
+    /// Waits until the election says this replica no longer leads; false once the election has
+    /// ended (which also ends leadership).
+    pub async fn ended(&mut self) -> bool {
+        self.0.wait_for(Option::is_none).await.is_ok()
+    }
+}
+
 /// Runs the election until `shutdown` resolves, publishing whether this replica leads on
 /// `leading`. On shutdown a leader releases the Lease so another replica takes over at once.
 pub async fn run(
     api: Api<Lease>,
     config: LeaseConfig,
-    leading: watch::Sender<bool>,
+    leading: LeadershipSender,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut observer = Observer::default();
     let mut last_renewal: Option<Instant> = None;
     loop {
+        // The deadline runs from before the request: the API server may record the renewal at
+        // any point while it is in flight, and other replicas count from that record.
+        let sent = Instant::now();
         let outcome = step(&api, &config, &mut observer).await;
         let now = Instant::now();
         match outcome {
             Ok(true) => {
-                if !*leading.borrow() {
+                if leading.borrow().is_none() {
                     tracing::info!(identity = %config.identity, lease = %config.name, "became leader");
                 }
-                last_renewal = Some(now);
-                leading.send_replace(true);
+                last_renewal = Some(sent);
+                leading.send_replace(Some(sent + config.renew_deadline));
             }
             Ok(false) => {
-                if *leading.borrow() {
+                if leading.borrow().is_some() {
                     tracing::warn!(identity = %config.identity, "lost the lease to another replica");
                 }
                 last_renewal = None;
-                leading.send_replace(false);
+                leading.send_replace(None);
             }
             Err(e) => {
                 tracing::warn!(error = %e, lease = %config.name, "lease request failed");
                 let expired =
                     last_renewal.is_none_or(|at| now.duration_since(at) >= config.renew_deadline);
-                if *leading.borrow() && expired {
+                if leading.borrow().is_some() && expired {
                     tracing::warn!(identity = %config.identity, "could not renew the lease in time; stepping down");
-                    leading.send_replace(false);
+                    leading.send_replace(None);
                 }
             }
         }
@@ -212,8 +260,8 @@ pub async fn run(
             break;
         }
     }
-    if *leading.borrow() {
-        leading.send_replace(false);
+    if leading.borrow().is_some() {
+        leading.send_replace(None);
         release(&api, &config).await;
     }
 }
@@ -321,6 +369,20 @@ mod tests {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
         }
+    }
+
+    #[test]
+    fn a_leader_past_its_renew_deadline_may_not_write_before_its_election_says_so() {
+        let (tx, leading) = Leadership::channel();
+        assert!(!leading.now(), "nobody leads before the election");
+        let now = Instant::now();
+        tx.send_replace(Some(now + Duration::from_secs(10)));
+        assert!(leading.now());
+        // What a process stopped past its deadline finds on waking: still the flag, no time.
+        tx.send_replace(now.checked_sub(Duration::from_millis(1)));
+        assert!(!leading.now());
+        assert!(Leadership::fixed(true).now());
+        assert!(!Leadership::fixed(false).now());
     }
 
     #[test]

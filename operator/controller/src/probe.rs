@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,16 +22,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicyStatus, ProbeStatus, condition};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, condition};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
-use tokio::sync::watch;
 
 use crate::coverage::{Namespaces, Policies};
-use crate::policy::groups::webhook_name_of;
-use crate::policy::render::webhook_name;
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
 };
+use splice_engine::entry::{webhook_name, webhook_name_of};
 
 /// The field manager of the Verified condition and `status.probe`: its own, so the reconciler's
 /// apply of the rest of the status (manager `splice`) neither removes nor fights over them.
@@ -236,7 +235,7 @@ pub async fn run(
     namespaces: Arc<Mutex<Namespaces>>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
 ) {
     let Policies {
         cache,
@@ -327,7 +326,7 @@ pub async fn run(
         written.retain(|name, _| present.contains(name));
 
         for p in to_clear {
-            if !*leading.borrow() {
+            if !leading.now() {
                 return;
             }
             let name = p.name_any();
@@ -432,6 +431,7 @@ pub async fn run(
                 containers: verdict::injected_containers(&compiled),
                 others: others(&served, &name),
                 timeout_seconds: compiled.spec().timeout_seconds,
+                in_tree: policy.status.as_ref().and_then(|s| s.mode) == Some(Mode::InTree),
             };
             let j = match outcome {
                 Err(j) => j,
@@ -467,7 +467,7 @@ pub async fn run(
             t.unconfirmed = false;
             t.affected = j.affected.clone();
             t.due = now + verdict::jittered(shared.interval, shared.random());
-            if !*leading.borrow() {
+            if !leading.now() {
                 return;
             }
             match write(&api, &policy, &j, &t.window, written.get(&name)).await {
@@ -594,7 +594,7 @@ async fn write(
 }
 
 async fn warn(recorder: &Recorder, policy: &InjectionPolicy, j: &Judgement) {
-    let note = crate::policy::reconcile::truncate(j.message(), 1000);
+    let note = crate::policy::error::truncate(j.message(), 1000);
     let ev = Event {
         type_: EventType::Warning,
         reason: j.reason.to_owned(),

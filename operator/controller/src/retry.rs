@@ -1,4 +1,5 @@
-//! How long a failed step waits before it tries again: the reconcile and the CA loop share it.
+//! Failed API steps: how long one waits before it tries again (the reconcile and the CA loop
+//! share it), and which failures only lost a race to a concurrent writer.
 
 use std::time::Duration;
 
@@ -11,6 +12,11 @@ pub fn backoff(failures: u32) -> Duration {
         .checked_shl(failures.saturating_sub(1))
         .unwrap_or(u64::MAX);
     Duration::from_secs(secs).min(MAX_BACKOFF)
+}
+
+/// A write lost to a concurrent one (409: conflict or already exists).
+pub(crate) fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 #[cfg(test)]

@@ -3,11 +3,13 @@
 //! server answered, and what the Verified condition and `status.probe` say about it. The I/O is in
 //! [`super::probe`].
 
+use splice_engine::Selector;
+use splice_engine::selector::Op;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use splice_crds::{
     ConditionStatus, InjectionPolicyStatus, OPT_OUT_LABEL, Operation, ProbeLatency, ProbeStatus,
@@ -87,37 +89,25 @@ pub fn probe_labels(policy: &CompiledPolicy) -> Result<BTreeMap<String, String>,
         );
     }
     let mut labels = BTreeMap::new();
-    let selector: Option<&LabelSelector> = policy.spec().object_selector.as_ref();
-    if let Some(s) = selector {
-        labels.extend(s.match_labels.clone().unwrap_or_default());
-        for r in s.match_expressions.iter().flatten() {
-            let values = r.values.as_deref().unwrap_or_default();
-            match r.operator.as_str() {
-                "In" => {
-                    if !labels.contains_key(&r.key)
-                        && let Some(first) = values.first()
-                    {
-                        labels.insert(r.key.clone(), first.clone());
-                    }
+    let selector = Selector::read(policy.spec().object_selector.as_ref());
+    for r in selector.requirements() {
+        match &r.op {
+            Op::In(values) => {
+                if !labels.contains_key(&r.key)
+                    && let Some(first) = values.first()
+                {
+                    labels.insert(r.key.clone(), first.clone());
                 }
-                "Exists" => {
-                    labels
-                        .entry(r.key.clone())
-                        .or_insert_with(|| "probe".to_owned());
-                }
-                _ => {}
             }
+            Op::Exists => {
+                labels
+                    .entry(r.key.clone())
+                    .or_insert_with(|| "probe".to_owned());
+            }
+            Op::NotIn(_) | Op::DoesNotExist | Op::Unknown(_) => {}
         }
     }
-    let mentioned = selector.is_some_and(|s| {
-        s.match_labels
-            .as_ref()
-            .is_some_and(|m| m.contains_key(PROBE_LABEL))
-            || s.match_expressions
-                .iter()
-                .flatten()
-                .any(|r| r.key == PROBE_LABEL)
-    });
+    let mentioned = selector.requirements().iter().any(|r| r.key == PROBE_LABEL);
     if !mentioned {
         labels.insert(PROBE_LABEL.to_owned(), "true".to_owned());
     }
@@ -228,6 +218,9 @@ pub struct Subject {
     /// (policy, container) of other policies that select the same namespaces.
     pub others: Vec<(String, String)>,
     pub timeout_seconds: i32,
+    /// The policy is in force in-tree (a MutatingAdmissionPolicy): no webhook is called, so the
+    /// latency over the baseline is the in-tree policy's.
+    pub in_tree: bool,
 }
 
 /// Injected containers by name, as the API server quotes them in a refusal.
@@ -447,9 +440,14 @@ pub fn judge(probes: &[NamespaceProbe], subject: &Subject, window: &Window) -> J
             .join("; ")
     };
     let names = |hits: &[(&str, &String)]| hits.iter().map(|(ns, _)| (*ns).to_owned()).collect();
+    let attributable_to = if subject.in_tree {
+        "the in-tree admission policy"
+    } else {
+        "webhooks"
+    };
     let figures = match window.p99() {
         Some((rt, wh)) => format!(
-            "Latency p99 over the last {} probes: {} ms round trip, {} ms attributable to webhooks.",
+            "Latency p99 over the last {} probes: {} ms round trip, {} ms attributable to {attributable_to}.",
             window.len(),
             millis(rt),
             millis(wh)
@@ -699,6 +697,7 @@ mod tests {
             containers: vec!["proxy-init".into(), "proxy".into()],
             others: vec![("logs".into(), "shipper".into())],
             timeout_seconds: 2,
+            in_tree: false,
         }
     }
 
@@ -946,6 +945,25 @@ mod tests {
     }
 
     #[test]
+    fn an_in_tree_policys_latency_is_attributed_to_its_admission_policy_not_to_webhooks() {
+        let mut w = Window::default();
+        w.push(Duration::from_millis(12), Duration::from_millis(3));
+        let in_tree = Subject {
+            in_tree: true,
+            ..subject()
+        };
+        let j = judge(&[probe("a", admitted(true, 12), None)], &in_tree, &w);
+        assert_eq!(j.reason, reason::VERIFIED);
+        assert!(
+            j.figures
+                .contains("3 ms attributable to the in-tree admission policy"),
+            "{}",
+            j.figures
+        );
+        assert!(!j.figures.contains("webhook"), "{}", j.figures);
+    }
+
+    #[test]
     fn webhook_latency_over_half_the_timeout_is_slow_admission_with_the_figures() {
         let mut w = Window::default();
         for ms in [1100, 1200, 1300] {
@@ -954,7 +972,11 @@ mod tests {
         let j = judge(&[probe("shop", admitted(true, 1310), None)], &subject(), &w);
         assert_eq!(j.reason, reason::SLOW);
         assert_eq!(j.status, ConditionStatus::False);
-        assert!(j.figures.contains("1300 ms attributable"), "{}", j.figures);
+        assert!(
+            j.figures.contains("1300 ms attributable to webhooks"),
+            "{}",
+            j.figures
+        );
         // Two slow samples are not yet a trend.
         let mut w = Window::default();
         for ms in [1100, 1200] {

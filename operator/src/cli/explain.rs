@@ -18,11 +18,12 @@ use splice_engine::{
 };
 
 use super::offline::{self, DEFAULT_SPLICE_NAMESPACE, InputError, NamespaceArgs};
-use splice_controller::policy::groups::{Member, Plan};
+use splice_engine::entry::{Member, Plan};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The pod to explain, read from the cluster (current kubeconfig) in --namespace.
+    /// The pod to explain, read from the cluster (current kubeconfig) in --namespace: NAME, or
+    /// kubectl's TYPE/NAME (`pod/NAME`, `pods/NAME`, `po/NAME`).
     #[arg(
         value_name = "POD",
         conflicts_with = "file",
@@ -581,11 +582,30 @@ fn online_inputs(args: &Args, pod: &str, cluster: &super::ClusterArgs) -> Result
                 .into(),
         );
     }
+    let pod = pod_name(pod)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(fetch(args, pod, cluster))
+}
+
+/// The pod's name from NAME or kubectl's TYPE/NAME, so a name copied from `kubectl get pods -o
+/// name` works; another type is refused rather than looked up as a pod of that name.
+fn pod_name(arg: &str) -> Result<&str, String> {
+    let Some((kind, name)) = arg.split_once('/') else {
+        return Ok(arg);
+    };
+    if !["pod", "pods", "po"].contains(&kind.to_ascii_lowercase().as_str()) {
+        return Err(format!(
+            "{arg:?} names a {kind}; splice explain explains one pod: give POD or pod/POD (for a \
+             workload's pod template, use -f)"
+        ));
+    }
+    if name.is_empty() || name.contains('/') {
+        return Err(format!("{arg:?} is not pod/NAME"));
+    }
+    Ok(name)
 }
 
 async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<Inputs, String> {
@@ -659,6 +679,22 @@ mod tests {
     use splice_crds::InjectionPolicySpec;
 
     use super::*;
+
+    #[test]
+    fn a_pod_is_named_by_name_or_by_kubectls_type_slash_name() {
+        for arg in ["debug", "pod/debug", "pods/debug", "po/debug", "Pod/debug"] {
+            assert_eq!(pod_name(arg), Ok("debug"), "{arg}");
+        }
+    }
+
+    #[test]
+    fn another_type_or_an_empty_name_is_refused_saying_why() {
+        let e = pod_name("deployment/web").unwrap_err();
+        assert!(e.contains("names a deployment"), "{e}");
+        assert!(e.contains("pod/POD"), "{e}");
+        assert!(pod_name("pod/").is_err());
+        assert!(pod_name("pod/a/b").is_err());
+    }
 
     fn input(name: &str, yaml: &str, paused: bool) -> PolicyInput {
         let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();

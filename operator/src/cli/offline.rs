@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
-use splice_controller::policy::groups::{Member, Plan};
 use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
+use splice_engine::entry::{Member, Plan};
 use splice_engine::{
     self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
     Selection, SkipReason,
@@ -621,22 +621,37 @@ pub(crate) struct Admission<'a> {
     pub exclusions: &'a Exclusions,
 }
 
-/// Calls the webhook of `policy` on `object` as the API server would, and applies its patch.
-/// Returns the step and, when the object changed, the new object.
-pub(crate) fn call_webhook(
-    policy: &LoadedPolicy,
-    index: usize,
+/// One call of a webhook entry, as the API server makes it.
+pub(crate) struct EntryCall {
+    /// Each member's step, in the entry's order.
+    pub steps: Vec<Step>,
+    /// The object after each member's own patch, when that patch changed it (who changed what).
+    pub after: Vec<Option<Value>>,
+    /// The object after the call's one patch, when it changed.
+    pub next: Option<Value>,
+}
+
+/// Calls the entry serving `members` (indexes into `policies`, in the entry's order) on `object`
+/// as the API server would: through the engine's [`splice_engine::inject_in_order`], the chain the
+/// webhook runs for the same entry, and applies the call's one patch.
+pub(crate) fn call_entry(
+    policies: &[LoadedPolicy],
+    members: &[usize],
     pass: Pass,
     object: &Value,
     admission: Admission<'_>,
-) -> Result<(Step, Option<Value>), ChainError> {
-    let fail = |message: String| ChainError {
-        policy: policy.name.clone(),
-        message: format!("policy {}: {message}", policy.name),
+) -> Result<EntryCall, ChainError> {
+    let fail = |index: usize, message: String| {
+        let name = &policies[index].name;
+        ChainError {
+            policy: name.clone(),
+            message: format!("policy {name}: {message}"),
+        }
     };
+    let first = members.first().copied().unwrap_or_default();
     let text = serde_json::to_string(object)
-        .map_err(|e| fail(format!("cannot serialize the object: {e}")))?;
-    let pod = Pod::parse(&text).map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| fail(first, format!("cannot serialize the object: {e}")))?;
+    let pod = Pod::parse(&text).map_err(|e| fail(first, e.to_string()))?;
     let request = PodRequest {
         operation: admission.operation,
         object: &pod,
@@ -644,52 +659,74 @@ pub(crate) fn call_webhook(
         exclusions: admission.exclusions,
         selection: Selection::Evaluate,
     };
-    let decision = match splice_engine::inject(&policy.compiled, &request) {
-        Ok(decision) => decision,
-        // Render errors already name the policy and the template field.
-        Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {
-            return Err(ChainError {
-                policy: policy.name.clone(),
-                message: e.to_string(),
-            });
-        }
-        Err(e) => return Err(fail(e.to_string())),
-    };
-    let injection = match decision {
-        Decision::Skip(reason) => {
-            let step = Step {
-                policy: index,
-                pass,
-                outcome: Outcome::Skipped(reason),
-                changed: false,
-            };
-            return Ok((step, None));
-        }
-        Decision::Inject(injection) => injection,
-    };
-    let patch: Value = serde_json::from_slice(&injection.patch)
-        .map_err(|e| fail(format!("the engine returned an unreadable patch: {e}")))?;
-    let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| fail(format!("the engine returned an invalid patch: {e}")))?;
-    let mut next = None;
-    if !ops.0.is_empty() {
-        let mut patched = object.clone();
-        json_patch::patch(&mut patched, &ops)
-            .map_err(|e| fail(format!("the engine's patch does not apply: {e}")))?;
-        if patched != *object {
-            next = Some(patched);
-        }
+    let compiled: Vec<&CompiledPolicy> = members.iter().map(|&i| &policies[i].compiled).collect();
+    let chained = splice_engine::inject_in_order(&compiled, &request);
+    let mut steps = Vec::with_capacity(members.len());
+    let mut after = Vec::with_capacity(members.len());
+    // Each member's own patch applies to the object the ones before it left: replayed here only
+    // to tell which member changed what; the call's result is the joined patch below.
+    let mut current = object.clone();
+    for (&index, decided) in members.iter().zip(chained.decisions) {
+        let injection = match decided {
+            Ok(Decision::Inject(injection)) => injection,
+            Ok(Decision::Skip(reason)) => {
+                steps.push(Step {
+                    policy: index,
+                    pass,
+                    outcome: Outcome::Skipped(reason),
+                    changed: false,
+                });
+                after.push(None);
+                continue;
+            }
+            // Render errors already name the policy and the template field.
+            Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {
+                return Err(ChainError {
+                    policy: policies[index].name.clone(),
+                    message: e.to_string(),
+                });
+            }
+            Err(e) => return Err(fail(index, e.to_string())),
+        };
+        let patch: Value = serde_json::from_slice(&injection.patch).map_err(|e| {
+            fail(
+                index,
+                format!("the engine returned an unreadable patch: {e}"),
+            )
+        })?;
+        let changed = apply(&mut current, &injection.patch)
+            .map_err(|e| fail(index, format!("the engine's patch does not apply: {e}")))?;
+        after.push(changed.then(|| current.clone()));
+        steps.push(Step {
+            policy: index,
+            pass,
+            outcome: Outcome::Patched {
+                patch,
+                warnings: injection.warnings,
+            },
+            changed,
+        });
     }
-    let step = Step {
-        policy: index,
-        pass,
-        outcome: Outcome::Patched {
-            patch,
-            warnings: injection.warnings,
-        },
-        changed: next.is_some(),
-    };
-    Ok((step, next))
+    let mut next = object.clone();
+    let changed = apply(&mut next, &chained.patch)
+        .map_err(|e| fail(first, format!("the engine's patch does not apply: {e}")))?;
+    Ok(EntryCall {
+        steps,
+        after,
+        next: changed.then_some(next),
+    })
+}
+
+/// Applies an RFC 6902 patch; true when the object differs afterwards.
+fn apply(object: &mut Value, patch: &[u8]) -> Result<bool, String> {
+    let ops: json_patch::Patch =
+        serde_json::from_slice(patch).map_err(|e| format!("not a JSON Patch: {e}"))?;
+    if ops.0.is_empty() {
+        return Ok(false);
+    }
+    let before = object.clone();
+    json_patch::patch(object, &ops).map_err(|e| e.to_string())?;
+    Ok(*object != before)
 }
 
 /// The API server's bookkeeping for its single reinvocation pass, by webhook entry: an entry's
@@ -726,7 +763,7 @@ impl Reinvocation {
 }
 
 /// One webhook entry as Splice would write it: a policy alone, or the policies that share one
-/// entry and one call (see `splice_controller::policy::groups`).
+/// entry and one call (see `splice_engine::entry`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// The MutatingWebhookConfiguration's name.
@@ -793,31 +830,25 @@ pub(crate) fn run_chain(
     let mut reinvocation = Reinvocation::default();
     let mut steps = Vec::with_capacity(policies.len());
     for (e, entry) in entries.iter().enumerate() {
-        let (mut called, mut changed) = (false, false);
-        for &index in &entry.members {
-            let policy = &policies[index];
-            let (step, next) = call_webhook(policy, index, Pass::First, &object, admission)?;
-            called |= step.called();
-            changed |= step.changed;
-            object = next.unwrap_or(object);
-            steps.push(step);
-        }
+        let call = call_entry(policies, &entry.members, Pass::First, &object, admission)?;
+        let called = call.steps.iter().any(Step::called);
+        let changed = call.next.is_some();
+        object = call.next.unwrap_or(object);
+        steps.extend(call.steps);
         let policy = entry.members.first().map(|&i| policies[i].reinvocation);
         reinvocation.record(e, called, changed, policy.unwrap_or_default());
     }
     for (e, entry) in entries.iter().enumerate() {
         if reinvocation.take(e) {
-            for &index in &entry.members {
-                let (step, next) = call_webhook(
-                    &policies[index],
-                    index,
-                    Pass::Reinvocation,
-                    &object,
-                    admission,
-                )?;
-                object = next.unwrap_or(object);
-                steps.push(step);
-            }
+            let call = call_entry(
+                policies,
+                &entry.members,
+                Pass::Reinvocation,
+                &object,
+                admission,
+            )?;
+            object = call.next.unwrap_or(object);
+            steps.extend(call.steps);
         }
     }
     Ok((object, steps))

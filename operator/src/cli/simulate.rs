@@ -245,7 +245,7 @@ struct Call {
 }
 
 /// Replays every order of the policies. Pods that are equal as Kubernetes reads them (see
-/// `offline_diff`) are one state, and each webhook is called once per state, so the n! orders cost
+/// `offline_diff`) are one state, and each webhook entry is called once per state, so the n! orders cost
 /// table look-ups rather than n! · 2n engine calls. The approximation: a policy whose output
 /// depends on the order of named items (say, a template reading `pod.spec.containers[0]`) is
 /// assumed to give the same pod for the same items in another order.
@@ -255,6 +255,7 @@ struct Explorer<'a> {
     admission: Admission<'a>,
     states: Vec<State>,
     by_canonical: HashMap<String, usize>,
+    /// (entry, state) → the call's result.
     calls: HashMap<(usize, usize), Result<Call, ChainError>>,
     touched: Vec<BTreeSet<LogicalPath>>,
     /// Outcome → its group index.
@@ -327,52 +328,44 @@ impl Explorer<'_> {
         id
     }
 
-    fn call(&mut self, index: usize, state: usize) -> Result<Call, ChainError> {
-        if let Some(known) = self.calls.get(&(index, state)) {
+    /// Calls entry `e` on a state as one webhook call, as the API server would.
+    fn call_entry(&mut self, e: usize, state: usize) -> Result<Call, ChainError> {
+        if let Some(known) = self.calls.get(&(e, state)) {
             return known.clone();
         }
-        let result = offline::call_webhook(
-            &self.policies[index],
-            index,
+        let entries = self.entries;
+        let result = offline::call_entry(
+            self.policies,
+            &entries[e].members,
             Pass::First,
             &self.states[state].object,
             self.admission,
         )
-        .map(|(step, next)| {
-            let next = next.map_or(state, |object| self.intern(object));
-            if next != state {
-                let touched = offline_diff::diff(
-                    &self.states[state].norm,
-                    &self.states[next].norm,
-                    Depth::Leaves,
-                );
-                self.touched[index].extend(touched);
+        .map(|call| {
+            // Who changed what: each member against the object the ones before it left.
+            let mut before = state;
+            for (&index, after) in entries[e].members.iter().zip(call.after) {
+                let Some(object) = after else { continue };
+                let after = self.intern(object);
+                if after != before {
+                    let touched = offline_diff::diff(
+                        &self.states[before].norm,
+                        &self.states[after].norm,
+                        Depth::Leaves,
+                    );
+                    self.touched[index].extend(touched);
+                }
+                before = after;
             }
+            let changed = call.next.is_some();
             Call {
-                called: step.called(),
-                changed: step.changed,
-                next,
+                called: call.steps.iter().any(offline::Step::called),
+                changed,
+                next: call.next.map_or(state, |object| self.intern(object)),
             }
         });
-        self.calls.insert((index, state), result.clone());
+        self.calls.insert((e, state), result.clone());
         result
-    }
-
-    /// Calls every policy of entry `e`, in its order, as one webhook call.
-    fn call_entry(&mut self, e: usize, mut state: usize) -> Result<Call, ChainError> {
-        let entries = self.entries;
-        let (mut called, mut changed) = (false, false);
-        for &index in &entries[e].members {
-            let call = self.call(index, state)?;
-            called |= call.called;
-            changed |= call.changed;
-            state = call.next;
-        }
-        Ok(Call {
-            called,
-            changed,
-            next: state,
-        })
     }
 
     /// An order of entries as the order of the policies they apply.
@@ -427,22 +420,19 @@ impl Explorer<'_> {
         order: &[usize],
     ) {
         let flat = self.flat(order);
-        let entries = self.entries;
         for &e in order {
             if !reinvocation.take(e) {
                 continue;
             }
-            for &index in &entries[e].members {
-                match self.call(index, state) {
-                    Ok(call) => state = call.next,
-                    Err(err) => {
-                        let err = ChainError {
-                            message: format!("when reinvoked: {}", err.message),
-                            ..err
-                        };
-                        self.add(Err(err), 1, flat);
-                        return;
-                    }
+            match self.call_entry(e, state) {
+                Ok(call) => state = call.next,
+                Err(err) => {
+                    let err = ChainError {
+                        message: format!("when reinvoked: {}", err.message),
+                        ..err
+                    };
+                    self.add(Err(err), 1, flat);
+                    return;
                 }
             }
         }

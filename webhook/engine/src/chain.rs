@@ -101,9 +101,8 @@ struct Chain {
 impl Chain {
     /// Applies one policy's patch to the pod so far; `more` when another policy reads the result.
     fn push(&mut self, patch: &[u8], original: &str, more: bool) -> Result<(), EngineError> {
-        let inapplicable = |e: String| {
-            EngineError::InvalidObject(format!("the engine produced an inapplicable patch: {e}"))
-        };
+        let inapplicable =
+            |e: String| EngineError::Bug(format!("the engine produced an inapplicable patch: {e}"));
         let ops: json_patch::Patch =
             serde_json::from_slice(patch).map_err(|e| inapplicable(e.to_string()))?;
         let doc = match &mut self.doc {

@@ -1,52 +1,100 @@
-//! Kubernetes LabelSelector semantics, evaluated by the engine itself: offline there is no API
-//! server to do it, and online it keeps a misconfigured webhook from injecting the wrong pods.
+//! Kubernetes LabelSelector semantics, the one evaluation Splice has: the engine decides
+//! selectors itself offline (no API server there) and for shared entries, and the controller
+//! reads budgets' and policies' selectors with the same type.
 //! Written here: neither k8s-openapi nor kube evaluates a LabelSelector, and the rules (operators,
 //! value-list constraints) are a page.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
+/// What one requirement asks of a label's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Op {
+pub enum Op {
     In(Vec<String>),
+    /// Also selects objects without the label, as in Kubernetes.
     NotIn(Vec<String>),
     Exists,
     DoesNotExist,
+    /// An operator Kubernetes does not know (only in a selector [`Selector::read`] took as it
+    /// came): selects nothing.
+    Unknown(String),
 }
 
+/// One requirement on one label; `matchLabels` entries are `In` with one value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Requirement {
-    key: String,
-    op: Op,
+pub struct Requirement {
+    pub key: String,
+    pub op: Op,
 }
 
-/// A validated selector. No requirements selects everything, like `{}` and an absent selector.
+impl Requirement {
+    fn of(expr: &LabelSelectorRequirement) -> Requirement {
+        let values = expr.values.clone().unwrap_or_default();
+        let op = match expr.operator.as_str() {
+            "In" => Op::In(values),
+            "NotIn" => Op::NotIn(values),
+            "Exists" => Op::Exists,
+            "DoesNotExist" => Op::DoesNotExist,
+            other => Op::Unknown(other.to_owned()),
+        };
+        Requirement {
+            key: expr.key.clone(),
+            op,
+        }
+    }
+}
+
+/// A label selector, the one type every reader of selectors in Splice evaluates (the engine, the
+/// availability guard, conflict detection, the probe's verdict). No requirements selects
+/// everything, like `{}` and an absent selector.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Selector {
+pub struct Selector {
     requirements: Vec<Requirement>,
 }
 
 /// Where a selector is wrong (relative to the selector) and why.
 #[derive(Debug)]
-pub(crate) struct SelectorError {
+pub struct SelectorError {
     pub field: String,
     pub message: String,
 }
 
 impl Selector {
+    /// The selector as it came, unchecked: for selectors the API server already stored (budgets,
+    /// policies). An unknown operator selects nothing; `In` with no values selects nothing and
+    /// `NotIn` with none everything, as their definitions say.
+    pub fn read(selector: Option<&LabelSelector>) -> Self {
+        let Some(selector) = selector else {
+            return Self::default();
+        };
+        let labels = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(key, value)| Requirement {
+                key: key.clone(),
+                op: Op::In(vec![value.clone()]),
+            });
+        let expressions = selector
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(Requirement::of);
+        Self {
+            requirements: labels.chain(expressions).collect(),
+        }
+    }
+
+    /// The selector, refused where Kubernetes would refuse it: a key that is no qualified name,
+    /// an unknown operator, values where none are allowed or none where some are required.
     pub fn compile(selector: Option<&LabelSelector>) -> Result<Self, SelectorError> {
         let Some(selector) = selector else {
             return Ok(Self::default());
         };
-        let mut requirements = Vec::new();
-        for (key, value) in selector.match_labels.iter().flatten() {
+        for key in selector.match_labels.iter().flatten().map(|(k, _)| k) {
             check_key(key).map_err(|message| SelectorError {
                 field: format!("matchLabels[{key:?}]"),
                 message,
             })?;
-            requirements.push(Requirement {
-                key: key.clone(),
-                op: Op::In(vec![value.clone()]),
-            });
         }
         for (i, expr) in selector.match_expressions.iter().flatten().enumerate() {
             let field = |f: &str| format!("matchExpressions[{i}]{f}");
@@ -54,39 +102,32 @@ impl Selector {
                 field: field(".key"),
                 message,
             })?;
-            let values = expr.values.clone().unwrap_or_default();
-            let op = match expr.operator.as_str() {
-                "In" | "NotIn" if values.is_empty() => {
-                    return Err(SelectorError {
-                        field: field(".values"),
-                        message: format!("operator {} needs at least one value", expr.operator),
-                    });
-                }
-                "Exists" | "DoesNotExist" if !values.is_empty() => {
-                    return Err(SelectorError {
-                        field: field(".values"),
-                        message: format!("operator {} takes no values", expr.operator),
-                    });
-                }
-                "In" => Op::In(values),
-                "NotIn" => Op::NotIn(values),
-                "Exists" => Op::Exists,
-                "DoesNotExist" => Op::DoesNotExist,
-                other => {
-                    return Err(SelectorError {
-                        field: field(".operator"),
-                        message: format!(
-                            "unknown operator {other:?} (expected In, NotIn, Exists or DoesNotExist)"
-                        ),
-                    });
-                }
+            let has_values = expr.values.as_ref().is_some_and(|v| !v.is_empty());
+            let (field, message) = match Requirement::of(expr).op {
+                Op::In(_) | Op::NotIn(_) if !has_values => (
+                    field(".values"),
+                    format!("operator {} needs at least one value", expr.operator),
+                ),
+                Op::Exists | Op::DoesNotExist if has_values => (
+                    field(".values"),
+                    format!("operator {} takes no values", expr.operator),
+                ),
+                Op::Unknown(other) => (
+                    field(".operator"),
+                    format!(
+                        "unknown operator {other:?} (expected In, NotIn, Exists or DoesNotExist)"
+                    ),
+                ),
+                _ => continue,
             };
-            requirements.push(Requirement {
-                key: expr.key.clone(),
-                op,
-            });
+            return Err(SelectorError { field, message });
         }
-        Ok(Self { requirements })
+        Ok(Self::read(Some(selector)))
+    }
+
+    /// Every requirement, `matchLabels` first.
+    pub fn requirements(&self) -> &[Requirement] {
+        &self.requirements
     }
 
     /// True when every requirement holds for the labels `get` looks up.
@@ -95,10 +136,10 @@ impl Selector {
             let value = get(&r.key);
             match &r.op {
                 Op::In(values) => value.is_some_and(|v| values.iter().any(|x| x == v)),
-                // NotIn also selects objects without the label, as in Kubernetes.
                 Op::NotIn(values) => value.is_none_or(|v| values.iter().all(|x| x != v)),
                 Op::Exists => value.is_some(),
                 Op::DoesNotExist => value.is_none(),
+                Op::Unknown(_) => false,
             }
         })
     }
@@ -192,6 +233,21 @@ mod tests {
             ]
         ));
         assert!(!matches(&sel, &[("app", "web"), ("tier", "a")]));
+    }
+
+    #[test]
+    fn a_selector_read_as_stored_selects_nothing_by_an_unknown_operator() {
+        let sel = LabelSelector {
+            match_expressions: Some(vec![req("a", "Matches", &["x"])]),
+            ..Default::default()
+        };
+        assert!(!Selector::read(Some(&sel)).matches(|_| Some("x")));
+        let empty_in = LabelSelector {
+            match_expressions: Some(vec![req("a", "In", &[])]),
+            ..Default::default()
+        };
+        assert!(!Selector::read(Some(&empty_in)).matches(|_| Some("x")));
+        assert!(Selector::read(None).matches(|_| None));
     }
 
     #[test]

@@ -348,11 +348,6 @@ pub fn serving_renewal(
     None
 }
 
-/// A write lost to a concurrent one (409: conflict or already exists).
-pub(crate) fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

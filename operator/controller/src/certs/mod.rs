@@ -39,12 +39,14 @@ use splice_server::tls::CertResolver;
 use time::OffsetDateTime;
 use tokio::sync::watch;
 
-use self::ca::{CaError, KeyedCert, is_conflict};
+use self::ca::{CaError, KeyedCert};
 use self::rotation::{
     CA_SECRET, CaState, Observed, Phase, ReplicaReport, SERVING_SECRET, Step, Timing,
 };
 use crate::Settings;
+use crate::leader::Leadership;
 use crate::policy::validating::validating_configuration_name;
+use crate::retry::is_conflict;
 
 /// Label of the per-replica report Leases.
 pub const REPLICA_LABEL: &str = "splice.dev/replica-report";
@@ -62,6 +64,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(3600);
 pub enum CertsError {
     #[error(transparent)]
     Ca(#[from] CaError),
+    /// Leadership ended (or its renew deadline passed) before a write: nothing was written.
+    #[error("not leading: {what} was not written")]
+    NotLeader { what: &'static str },
     #[error("reading or writing {what}: {source}")]
     Kube {
         what: &'static str,
@@ -73,6 +78,7 @@ impl CertsError {
     pub fn label(&self) -> &'static str {
         match self {
             CertsError::Ca(e) => e.label(),
+            CertsError::NotLeader { .. } => "not_leader",
             CertsError::Kube { .. } => "kube",
         }
     }
@@ -125,6 +131,8 @@ pub struct Keeper {
     pub recorder: Recorder,
     /// Why the certificates cannot be kept (a Secret Splice did not create), for policy status.
     pub problem: watch::Sender<Option<String>>,
+    /// Asked before every write: a replica that lost the Lease while alive writes nothing.
+    pub leading: Leadership,
 }
 
 /// Since-times the leader measured itself; lost with leadership, which only makes the next
@@ -137,7 +145,12 @@ struct Seen {
 }
 
 impl Keeper {
-    pub fn new(client: &Client, settings: &Settings, policies: Store<InjectionPolicy>) -> Self {
+    pub fn new(
+        client: &Client,
+        settings: &Settings,
+        policies: Store<InjectionPolicy>,
+        leading: Leadership,
+    ) -> Self {
         let reporter = Reporter {
             controller: MANAGER.to_owned(),
             instance: Some(settings.lease.identity.clone()),
@@ -154,6 +167,15 @@ impl Keeper {
             policies,
             recorder: Recorder::new(client.clone(), reporter),
             problem: watch::channel(None).0,
+            leading,
+        }
+    }
+
+    fn ensure_leading(&self, what: &'static str) -> Result<(), CertsError> {
+        if self.leading.now() {
+            Ok(())
+        } else {
+            Err(CertsError::NotLeader { what })
         }
     }
 
@@ -163,7 +185,7 @@ impl Keeper {
     }
 }
 
-/// The leader's CA loop: runs until leadership ends (the task is aborted).
+/// The leader's CA loop: runs until its term ends (the task is aborted with the term).
 pub async fn maintain_ca(keeper: Keeper, mut secret_changed: watch::Receiver<u64>) {
     let mut seen = Seen::default();
     let mut failures = 0u32;
@@ -202,6 +224,7 @@ impl Keeper {
             .map_err(kube_err("the CA Secret"))?;
         let Some(secret) = existing else {
             let state = CaState::fresh(ca::new_ca(OffsetDateTime::now_utc(), lifetimes.ca)?);
+            self.ensure_leading("the CA Secret")?;
             match self
                 .secrets
                 .create(
@@ -286,6 +309,7 @@ impl Keeper {
         let mut secret = rotation::ca_secret(&self.namespace, state);
         // Optimistic concurrency: a stale leader's write fails instead of undoing a newer step.
         secret.metadata.resource_version = existing.metadata.resource_version.clone();
+        self.ensure_leading("the CA Secret")?;
         match self
             .secrets
             .replace(CA_SECRET, &PostParams::default(), &secret)
@@ -345,6 +369,7 @@ impl Keeper {
         )?;
         let mut secret =
             rotation::serving_secret(&self.namespace, &serving, &state.active.cert_pem);
+        self.ensure_leading("the serving Secret")?;
         let result = match existing {
             None => self.secrets.create(&PostParams::default(), &secret).await,
             Some(s) => {
@@ -454,6 +479,7 @@ impl Keeper {
                 .and_then(|s| s.renew_time.as_ref())
                 .map(|t| t.0.as_second());
             if renewed.is_none_or(|r| now - r > STALE_REPORTS * self.report_ttl) {
+                self.ensure_leading("a dead replica's report")?;
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
                         uid: lease.uid(),
@@ -488,6 +514,9 @@ impl Keeper {
     async fn refuse(&self, seen: &mut Seen, name: &'static str, secret: &Secret) {
         let version = secret.resource_version().unwrap_or_default();
         if seen.refused.get(name) == Some(&version) {
+            return;
+        }
+        if !self.leading.now() {
             return;
         }
         seen.refused.insert(name, version);

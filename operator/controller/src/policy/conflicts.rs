@@ -6,6 +6,8 @@
 //! not guarantee. The overlap analysis errs on the side of "may overlap": selectors are only
 //! called disjoint when no set of labels can satisfy both.
 
+use splice_engine::Selector;
+use splice_engine::selector::Op;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -212,23 +214,16 @@ impl KeyConstraint {
 /// False only when no set of labels can satisfy both selectors (absent = selects everything).
 /// A malformed requirement (unknown operator, `In` without values) is treated as "may match".
 pub fn selectors_may_overlap(a: Option<&LabelSelector>, b: Option<&LabelSelector>) -> bool {
+    let selectors = [Selector::read(a), Selector::read(b)];
     let mut keys: BTreeMap<&str, KeyConstraint> = BTreeMap::new();
-    for selector in [a, b].into_iter().flatten() {
-        for (key, value) in selector.match_labels.iter().flatten() {
-            keys.entry(key)
-                .or_default()
-                .require_in(std::slice::from_ref(value));
-        }
-        for req in selector.match_expressions.iter().flatten() {
-            let values = req.values.as_deref().unwrap_or_default();
-            let c = keys.entry(req.key.as_str()).or_default();
-            match req.operator.as_str() {
-                "In" if !values.is_empty() => c.require_in(values),
-                "NotIn" => c.forbidden.extend(values.iter().cloned()),
-                "Exists" => c.must_exist = true,
-                "DoesNotExist" => c.must_not_exist = true,
-                _ => {}
-            }
+    for r in selectors.iter().flat_map(Selector::requirements) {
+        let c = keys.entry(r.key.as_str()).or_default();
+        match &r.op {
+            Op::In(values) if !values.is_empty() => c.require_in(values),
+            Op::NotIn(values) => c.forbidden.extend(values.iter().cloned()),
+            Op::Exists => c.must_exist = true,
+            Op::DoesNotExist => c.must_not_exist = true,
+            Op::In(_) | Op::Unknown(_) => {}
         }
     }
     keys.values().all(KeyConstraint::satisfiable)

@@ -8,18 +8,17 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, MutatingWebhookConfiguration,
 };
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
-use kube::{Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
-use splice_crds::{InjectionPolicy, MANAGER};
+use kube::ResourceExt;
+use kube::api::Api;
+use splice_crds::InjectionPolicy;
 use splice_engine::InTreeProgram;
 
+use super::apply::{
+    Applied, CallFailed, ClusterObject, Removal, Step, apply_if_changed, remove_if_ours,
+};
 use super::conditions::{PlannedEvent, Severity};
+use super::error::{Error, truncate};
 use super::intree::{admission_policy_name, render_binding, render_policy};
-use super::reconcile::Error;
-use super::reconcile::{Removal, remove_if_ours};
-use super::render::is_up_to_date;
 use crate::Context;
 
 /// How long a newly written admission path (webhook configuration, or admission policy and
@@ -44,71 +43,41 @@ pub async fn ensure(
     Ok((event, created))
 }
 
-async fn apply_one<K>(
+async fn apply_one<K: ClusterObject>(
     ctx: &Context,
     desired: &K,
     kind: &'static str,
-) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + Serialize
-        + DeserializeOwned,
-    K::DynamicType: Default,
-{
+) -> Result<(Option<PlannedEvent>, Option<Timestamp>), Error> {
     let name = desired.meta().name.clone().unwrap_or_default();
     let api: Api<K> = Api::all(ctx.client.clone());
-    let err = |action: &'static str| {
-        let name = name.clone();
-        move |source: kube::Error| Error::InTree {
-            action,
-            kind,
-            name,
-            message: super::reconcile::truncate(source.to_string(), 1500),
-        }
-    };
-    let observed = api.get_opt(&name).await.map_err(err("reading"))?;
-    if let Some(o) = observed.as_ref().filter(|o| is_up_to_date(desired, *o)) {
-        return Ok((None, o.meta().creation_timestamp.as_ref().map(|t| t.0)));
-    }
-    ctx.ensure_leading()?;
-    let written = api
-        .patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(desired),
-        )
+    let created = |o: &K| o.meta().creation_timestamp.as_ref().map(|t| t.0);
+    match apply_if_changed(&api, &ctx.leading, desired)
         .await
-        .map_err(err("writing"))?;
-    tracing::info!(kind, name = %name, existed = observed.is_some(), "applied in-tree admission object");
-    let created = written.meta().creation_timestamp.as_ref().map(|t| t.0);
-    let note = match &observed {
-        None => format!("{kind} {name} had been deleted; recreated."),
-        Some(o) if edited_by_someone_else(o.meta()) => {
-            format!("{kind} {name} had been changed by another field manager; restored.")
-        }
-        Some(_) => return Ok((None, created)),
-    };
-    Ok((
-        Some(PlannedEvent {
-            severity: Severity::Warning,
-            reason: "AdmissionPolicyRestored".to_owned(),
-            action: "ApplyAdmissionPolicy",
-            note,
-        }),
-        created,
-    ))
+        .map_err(|f| in_tree_error(f, kind, &name))?
+    {
+        Applied::UpToDate(o) => Ok((None, created(&o))),
+        Applied::NotLeader => Err(Error::NotLeader),
+        Applied::Written { object, drift } => Ok((
+            drift.map(|drift| PlannedEvent {
+                severity: Severity::Warning,
+                reason: "AdmissionPolicyRestored".to_owned(),
+                action: "ApplyAdmissionPolicy",
+                note: drift.note(kind, &name),
+            }),
+            created(&object),
+        )),
+    }
 }
 
-fn edited_by_someone_else(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> bool {
-    meta.managed_fields.iter().flatten().any(|m| {
-        m.manager
-            .as_deref()
-            .is_some_and(|manager| manager != MANAGER)
-    })
+/// A failed call about an in-tree object: the API's answer cut short, as a refused admission
+/// policy comes back with its whole CEL quoted.
+fn in_tree_error(failed: CallFailed, kind: &'static str, name: &str) -> Error {
+    Error::InTree {
+        action: failed.step.verb(),
+        kind,
+        name: name.to_owned(),
+        message: truncate(failed.source.to_string(), 1500),
+    }
 }
 
 /// Removes the policy's binding, then its admission policy, when they are Splice's. Returns true
@@ -127,44 +96,34 @@ pub async fn remove(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Err
     Ok(a || b)
 }
 
-async fn remove_one<K>(
+async fn remove_one<K: ClusterObject>(
     ctx: &Context,
     policy: &InjectionPolicy,
     name: &str,
     kind: &'static str,
-) -> Result<bool, Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let fail = |step, source: kube::Error| Error::InTree {
-        action: match step {
-            Removal::Reading => "reading",
-            Removal::Removing => "removing",
-        },
-        kind,
-        name: name.to_owned(),
-        message: super::reconcile::truncate(source.to_string(), 1500),
-    };
-    remove_if_ours::<K>(ctx, policy, name, fail).await
+) -> Result<bool, Error> {
+    let api: Api<K> = Api::all(ctx.client.clone());
+    match remove_if_ours(&api, &ctx.leading, policy.metadata.uid.as_deref(), name)
+        .await
+        .map_err(|f| in_tree_error(f, kind, name))?
+    {
+        Removal::NotLeader => Err(Error::NotLeader),
+        Removal::Removed => Ok(true),
+        Removal::Absent | Removal::NotOurs => Ok(false),
+    }
 }
 
 /// True when the in-tree objects of `policy` exist (an earlier mode).
 pub async fn exists(ctx: &Context, policy: &InjectionPolicy) -> Result<bool, Error> {
     let name = admission_policy_name(&policy.name_any());
     let api: Api<MutatingAdmissionPolicyBinding> = Api::all(ctx.client.clone());
-    let found = api
-        .get_opt(&name)
-        .await
-        .map_err(|source: kube::Error| Error::InTree {
-            action: "reading",
-            kind: "MutatingAdmissionPolicyBinding",
-            name: name.clone(),
-            message: super::reconcile::truncate(source.to_string(), 1500),
-        })?;
+    let found = api.get_opt(&name).await.map_err(|source| {
+        let failed = CallFailed {
+            step: Step::Reading,
+            source,
+        };
+        in_tree_error(failed, "MutatingAdmissionPolicyBinding", &name)
+    })?;
     Ok(found.is_some())
 }
 

@@ -1,11 +1,15 @@
 //! One InjectionPolicy turned into what serves it: the webhook configuration the API server calls,
 //! the policy's status and Events, the ValidatingWebhookConfiguration that checks policies at
-//! apply. Pure decisions in [`render`], [`conditions`], [`conflicts`], [`neighbours`] and
-//! [`serving`] (which generation is in force); API calls in [`reconcile`] and [`validating`].
+//! apply. Pure decisions in [`desired`] (what a policy should be), [`render`], [`conditions`],
+//! [`conflicts`], [`neighbours`] and [`serving`] (which generation is in force); API calls in [`reconcile`], [`intree_apply`] and
+//! [`validating`], each object written through [`apply`]; a reconcile's failures in [`error`].
 
+pub mod apply;
 pub mod conditions;
 pub mod conflicts;
-pub mod groups;
+pub mod desired;
+pub mod error;
+
 pub mod intree;
 pub mod intree_apply;
 pub mod neighbours;

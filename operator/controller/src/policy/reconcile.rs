@@ -5,82 +5,34 @@
 //! replica still leads, so a replica that lost the lease stops writing even before its task is
 //! cancelled.
 
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{
-    InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, MANAGED_BY_LABEL, MANAGER,
-};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
 use splice_engine::PolicyError;
 
+use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
-    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, effective_failure_policy,
-    planned_events,
+    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, planned_events,
 };
-use super::conflicts::conflicts_of;
-use super::groups::{Group, Member, Plan};
-use super::render::{
-    RenderContext, RenderError, is_up_to_date, render_group, webhook_configuration_name,
-};
-use super::serving::{InForce, in_force};
+use super::desired::{Desired, World, desired};
+use super::error::{Error, truncate};
+use super::render::{RenderContext, RenderError, render_group};
+use super::serving::InForce;
 use super::{intree, intree_apply};
 use crate::Context;
-use crate::guard::GuardStatus;
 use crate::retry::backoff;
+use splice_engine::entry::{Group, Plan, webhook_configuration_name};
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
 pub const RESYNC: Duration = Duration::from_secs(300);
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("this replica is not the leader")]
-    NotLeader,
-    #[error("the webhook CA is not loaded yet")]
-    NoCertificate,
-    #[error(transparent)]
-    Render(#[from] RenderError),
-    #[error("writing MutatingWebhookConfiguration {name}: {source}")]
-    Apply { name: String, source: kube::Error },
-    #[error("removing MutatingWebhookConfiguration {name}: {source}")]
-    Remove { name: String, source: kube::Error },
-    #[error("reading MutatingWebhookConfiguration {name}: {source}")]
-    Read { name: String, source: kube::Error },
-    #[error("writing the status of policy {name}: {source}")]
-    Status { name: String, source: kube::Error },
-    /// `message` is the API's answer, cut short: a refused admission policy comes back with its
-    /// whole CEL quoted, more than a condition message may hold.
-    #[error("{action} {kind} {name}: {message}")]
-    InTree {
-        action: &'static str,
-        kind: &'static str,
-        name: String,
-        message: String,
-    },
-}
-
-impl Error {
-    /// Stable label for `splice_reconcile_total{result}`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Error::NotLeader => "not_leader",
-            Error::NoCertificate => "no_certificate",
-            Error::Render(e) => e.label(),
-            Error::Apply { .. } => "apply_error",
-            Error::Remove { .. } => "remove_error",
-            Error::Read { .. } => "read_error",
-            Error::Status { .. } => "status_error",
-            Error::InTree { .. } => "in_tree_error",
-        }
-    }
-}
 
 /// The reconciler the controller runs.
 #[tracing::instrument(skip_all, fields(policy = %policy.name_any(), generation = policy.metadata.generation))]
@@ -114,6 +66,8 @@ pub fn error_policy(policy: Arc<InjectionPolicy>, error: &Error, ctx: Arc<Contex
     Action::requeue(delay)
 }
 
+/// One reconcile: decide ([`desired`], pure), act (write the path in force, retire the old one),
+/// report (status and Events, written only when they differ).
 async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Action, Error> {
     if policy.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the owned configuration; the janitor covers clusters without it.
@@ -135,58 +89,52 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         }
         return Err(Error::NoCertificate);
     }
-    let name = policy.name_any();
-    let configuration = webhook_configuration_name(&name);
-    let generation = policy.metadata.generation;
-    let in_force = in_force(policy);
-    // The webhook configuration is rendered from the spec in force: an invalid update leaves it
-    // exactly as the last good generation had it.
-    let served = match &in_force {
-        InForce::LastGood { compiled, .. } => Cow::Owned(InjectionPolicy {
-            spec: compiled.spec().clone(),
-            ..policy.clone()
-        }),
-        InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
-    };
-    let mode = intree::decide(served.spec.mode, in_force.compiled());
+    let known = ctx.last_known_status(policy);
     let guard = ctx.guard.borrow().clone();
-    let failure_policy = match &mode.program {
-        Some(_) => intree::failure_policy(served.spec.failure_policy),
-        None => effective_failure_policy(served.spec.failure_policy, &guard),
-    };
     let all = ctx.policies.state();
-    let conflicts = conflicts_of(policy, all.iter().map(AsRef::as_ref));
-    // In webhook mode; in-tree, a policy is no webhook entry's.
-    let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
-    let plan = plan_groups(ctx, policy, serves.then_some(&served.spec), &all, &guard);
-    drop(all);
-    let group = plan.group_of(&name).cloned();
-    let mut partners: BTreeSet<String> = conflicts.iter().map(|c| c.other.clone()).collect();
-    partners.extend(
-        group
-            .iter()
-            .flat_map(|g| g.members.iter().map(|m| m.name.clone())),
+    let desired = desired(
+        policy,
+        &World {
+            policies: &all,
+            served: &ctx.served,
+            guard: &guard,
+            instance: &ctx.instance,
+            status: known.as_ref(),
+        },
     );
-    partners.remove(&name);
-    ctx.neighbours.observed(policy, partners);
-    // The entry that served this policy so far, if another: retired once the new one is in force.
-    let previous = ctx
-        .last_known_status(policy)
-        .and_then(|s| s.webhook_configuration)
-        .unwrap_or_else(|| configuration.clone());
-    let configuration = group.as_ref().map_or(previous, |g| g.configuration.clone());
+    drop(all);
+    ctx.neighbours.observed(policy, desired.partners.clone());
+    let acted = act(ctx, policy, &desired).await?;
+    report(ctx, policy, &desired, acted).await
+}
 
+/// What acting on a decision did.
+struct Acted {
+    outcome: WebhookOutcome,
+    /// The drift Event, when Splice restored what someone else had changed or deleted.
+    restored: Option<PlannedEvent>,
+    /// Set while a newly written path settles: the old one goes at the next pass.
+    settling: Option<Duration>,
+    /// The failure the outcome reports, returned once the status says so.
+    failure: Option<Error>,
+}
+
+/// Puts the decided path in force: the new path first, the old one retired only once the new
+/// one is in force; a paused or invalid policy loses both. An `Err` ends the reconcile before
+/// any status is written.
+async fn act(ctx: &Context, policy: &InjectionPolicy, d: &Desired<'_>) -> Result<Acted, Error> {
+    let name = policy.name_any();
+    let configuration = d.configuration.clone();
     let mut failure = None;
     let mut restored = None;
-    // Set while a newly written path settles: the old one goes at the next pass.
     let mut settling = None;
     let outcome = if policy.spec.paused {
-        match remove_both(ctx, policy, &plan).await {
+        match remove_both(ctx, policy, &d.plan).await {
             Ok(()) => WebhookOutcome::Paused { configuration },
             Err(e) => failed(configuration, e, &mut failure),
         }
-    } else if let InForce::Nothing(error) = &in_force {
-        match remove_both(ctx, policy, &plan).await {
+    } else if let InForce::Nothing(error) = &d.in_force {
+        match remove_both(ctx, policy, &d.plan).await {
             Ok(()) => WebhookOutcome::Invalid {
                 configuration,
                 reason: invalid_reason(error),
@@ -195,19 +143,18 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Err(e) => failed(configuration, e, &mut failure),
         }
     } else {
-        // The new path first; the old one only once the new one is in force.
-        let applied = match (&mode.program, &group) {
+        let applied = match (&d.mode.program, &d.group) {
             (Some(program), _) => {
                 let drift = policy.status.as_ref().is_some_and(|s| {
                     s.observed_generation == policy.metadata.generation
                         && s.mode == Some(splice_crds::Mode::InTree)
                 });
-                match intree_apply::ensure(ctx, &served, program, drift).await {
+                match intree_apply::ensure(ctx, &d.served, program, drift).await {
                     Ok((event, created)) => {
                         settling = intree_apply::still_settling(created, Timestamp::now());
                         match settling {
                             Some(_) => Ok(event),
-                            None => retire(ctx, policy, &plan, None).await.map(|()| event),
+                            None => retire(ctx, policy, &d.plan, None).await.map(|()| event),
                         }
                     }
                     Err(e) => Err(e),
@@ -216,25 +163,29 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             (None, Some(group)) => match ensure_applied(ctx, group).await {
                 // Webhook configurations reach the API server through one watch, in order: the
                 // entry just applied is in force before a retired one is gone.
-                Ok(change) => match retire(ctx, policy, &plan, Some(&group.configuration)).await {
-                    Err(e) => Err(e),
-                    // Once the status says Webhook, the in-tree objects are known to be gone: the
-                    // steady state reads nothing more than the configuration.
-                    Ok(())
-                        if policy.status.as_ref().and_then(|s| s.mode)
-                            != Some(splice_crds::Mode::Webhook)
-                            && intree_apply::exists(ctx, policy).await? =>
-                    {
-                        let created =
-                            intree_apply::webhook_created(ctx, &group.configuration).await?;
-                        settling = intree_apply::still_settling(created, Timestamp::now());
-                        if settling.is_none() {
-                            intree_apply::remove(ctx, policy).await?;
+                Ok(change) => {
+                    match retire(ctx, policy, &d.plan, Some(&group.configuration)).await {
+                        Err(e) => Err(e),
+                        // Once the status says Webhook, the in-tree objects are known to be gone: the
+                        // steady state reads nothing more than the configuration.
+                        Ok(())
+                            if policy.status.as_ref().and_then(|s| s.mode)
+                                != Some(splice_crds::Mode::Webhook)
+                                && intree_apply::exists(ctx, policy).await? =>
+                        {
+                            let created =
+                                intree_apply::webhook_created(ctx, &group.configuration).await?;
+                            settling = intree_apply::still_settling(created, Timestamp::now());
+                            if settling.is_none() {
+                                intree_apply::remove(ctx, policy).await?;
+                            }
+                            Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
                         }
-                        Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
+                        Ok(()) => {
+                            Ok(change.filter(|_| was_applied_at_this_generation(policy, group)))
+                        }
                     }
-                    Ok(()) => Ok(change.filter(|_| was_applied_at_this_generation(policy, group))),
-                },
+                }
                 Err(e) => Err(e),
             },
             // Serving, so planned: a policy the plan left out is a bug; say so rather than guess.
@@ -243,7 +194,7 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         match applied {
             Ok(change) => {
                 restored = change;
-                match &in_force {
+                match &d.in_force {
                     InForce::LastGood { compiled, error } => WebhookOutcome::Held {
                         configuration,
                         reason: invalid_reason(error),
@@ -258,8 +209,33 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
             Err(e) => failed(configuration, e, &mut failure),
         }
     };
+    Ok(Acted {
+        outcome,
+        restored,
+        settling,
+        failure,
+    })
+}
 
-    let shared_with: Vec<String> = group
+/// Reports what the decision and the action came to: the status, written only when it differs
+/// from the last known one, and the Events of its transitions and of any repaired drift.
+async fn report(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    d: &Desired<'_>,
+    acted: Acted,
+) -> Result<Action, Error> {
+    let Acted {
+        outcome,
+        restored,
+        settling,
+        failure,
+    } = acted;
+    let name = policy.name_any();
+    let generation = policy.metadata.generation;
+    let in_force = &d.in_force;
+    let shared_with: Vec<String> = d
+        .group
         .as_ref()
         .filter(|g| g.is_shared())
         .map(|g| g.names().into_iter().map(str::to_owned).collect())
@@ -275,8 +251,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         template_hash: template_hash.as_deref(),
         serving: serving.as_ref().map(|(g, spec)| (*g, spec)),
         webhook: &outcome,
-        failure_policy: &failure_policy,
-        conflicts: &conflicts,
+        failure_policy: &d.failure_policy,
+        conflicts: &d.conflicts,
         pod_security: in_force.compiled().map(|c| c.pod_security().level),
         warnings: &warnings,
         shared_with: &shared_with,
@@ -298,10 +274,10 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     );
     // While the new path settles, the old one is in force too: status.mode flips once it goes.
     if settling.is_none() {
-        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        intree::apply_status(&mut status, &d.mode, served_somehow, generation, now);
     } else {
         let previous = status.mode;
-        intree::apply_status(&mut status, &mode, served_somehow, generation, now);
+        intree::apply_status(&mut status, &d.mode, served_somehow, generation, now);
         status.mode = previous.or(status.mode);
     }
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
@@ -387,73 +363,28 @@ async fn ensure_applied(ctx: &Context, group: &Group) -> Result<Option<PlannedEv
     let desired = render_group(group, &cx)?;
     let name = desired.metadata.name.clone().unwrap_or_default();
     let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
-    let observed = api.get_opt(&name).await.map_err(|source| Error::Read {
-        name: name.clone(),
-        source,
-    })?;
-    if observed
-        .as_ref()
-        .is_some_and(|o| is_up_to_date(&desired, o))
-    {
-        return Ok(None);
+    let applied = apply_if_changed(&api, &ctx.leading, &desired)
+        .await
+        .map_err(|CallFailed { step, source }| match step {
+            Step::Reading => Error::Read {
+                name: name.clone(),
+                source,
+            },
+            Step::Writing | Step::Removing => Error::Apply {
+                name: name.clone(),
+                source,
+            },
+        })?;
+    match applied {
+        Applied::UpToDate(_) => Ok(None),
+        Applied::NotLeader => Err(Error::NotLeader),
+        Applied::Written { drift, .. } => Ok(drift.map(|drift| PlannedEvent {
+            severity: Severity::Warning,
+            reason: "WebhookConfigurationRestored".to_owned(),
+            action: "ApplyWebhookConfiguration",
+            note: drift.note("MutatingWebhookConfiguration", &name),
+        })),
     }
-    ctx.ensure_leading()?;
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&desired),
-    )
-    .await
-    .map_err(|source| Error::Apply {
-        name: name.clone(),
-        source,
-    })?;
-    tracing::info!(configuration = %name, existed = observed.is_some(), "applied webhook configuration");
-    let note = match &observed {
-        None => format!("MutatingWebhookConfiguration {name} had been deleted; recreated."),
-        Some(o) if edited_by_someone_else(o) => format!(
-            "MutatingWebhookConfiguration {name} had been changed by another field manager; restored."
-        ),
-        Some(_) => return Ok(None),
-    };
-    Ok(Some(PlannedEvent {
-        severity: Severity::Warning,
-        reason: "WebhookConfigurationRestored".to_owned(),
-        action: "ApplyWebhookConfiguration",
-        note,
-    }))
-}
-
-fn edited_by_someone_else(observed: &MutatingWebhookConfiguration) -> bool {
-    observed.metadata.managed_fields.iter().flatten().any(|m| {
-        m.manager
-            .as_deref()
-            .is_some_and(|manager| manager != MANAGER)
-    })
-}
-
-/// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
-/// its reconcile just decided (`None`: it serves nothing); the others with the spec each serves.
-fn plan_groups(
-    ctx: &Context,
-    this: &InjectionPolicy,
-    this_spec: Option<&InjectionPolicySpec>,
-    all: &[Arc<InjectionPolicy>],
-    guard: &GuardStatus,
-) -> Plan {
-    let member = |p: &InjectionPolicy, spec: &InjectionPolicySpec| Member {
-        name: p.name_any(),
-        uid: p.metadata.uid.clone().unwrap_or_default(),
-        failure_policy: effective_failure_policy(spec.failure_policy, guard).effective,
-        spec: spec.clone(),
-    };
-    let this_name = this.name_any();
-    let others = all
-        .iter()
-        .filter(|p| p.name_any() != this_name)
-        .filter_map(|p| ctx.served.get(p).map(|spec| member(p, &spec)));
-    let this = this_spec.map(|spec| member(this, spec));
-    Plan::new(others.chain(this), &ctx.instance)
 }
 
 /// Takes `policy` out of every entry that served it other than `keep`: an entry still planned for
@@ -509,77 +440,22 @@ async fn retire(
 /// labelled as managed by Splice); a configuration of the same name that someone else made is
 /// left alone.
 async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> Result<(), Error> {
-    let fail = |step, source| match step {
-        Removal::Reading => Error::Read {
-            name: name.to_owned(),
-            source,
-        },
-        Removal::Removing => Error::Remove {
-            name: name.to_owned(),
-            source,
-        },
-    };
-    remove_if_ours::<MutatingWebhookConfiguration>(ctx, policy, name, fail)
+    let api: Api<MutatingWebhookConfiguration> = Api::all(ctx.client.clone());
+    let removal = remove_if_ours(&api, &ctx.leading, policy.metadata.uid.as_deref(), name)
         .await
-        .map(|_| ())
-}
-
-/// The step of [`remove_if_ours`] that failed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Removal {
-    Reading,
-    Removing,
-}
-
-/// Deletes the cluster-scoped object `name` if it is Splice's (labelled as managed by Splice, or
-/// owned by `policy`); one of the same name that someone else made is left alone. True when
-/// Splice's object existed. `fail` names a failed API call in the caller's terms.
-pub(crate) async fn remove_if_ours<K>(
-    ctx: &Context,
-    policy: &InjectionPolicy,
-    name: &str,
-    fail: impl Fn(Removal, kube::Error) -> Error,
-) -> Result<bool, Error>
-where
-    K: Resource<Scope = k8s_openapi::ClusterResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let Some(existing) = api
-        .get_opt(name)
-        .await
-        .map_err(|e| fail(Removal::Reading, e))?
-    else {
-        return Ok(false);
-    };
-    let ours = existing.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGER)
-        || existing
-            .owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == policy.meta().uid.as_ref());
-    if !ours {
-        tracing::warn!(%kind, name, "not removing an object Splice does not manage");
-        return Ok(false);
-    }
-    ctx.ensure_leading()?;
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: existing.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match api.delete(name, &params).await {
-        Ok(_) => {
-            tracing::info!(%kind, name, "removed");
-            Ok(true)
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(true),
-        Err(source) => Err(fail(Removal::Removing, source)),
+        .map_err(|CallFailed { step, source }| match step {
+            Step::Reading => Error::Read {
+                name: name.to_owned(),
+                source,
+            },
+            Step::Writing | Step::Removing => Error::Remove {
+                name: name.to_owned(),
+                source,
+            },
+        })?;
+    match removal {
+        Removal::NotLeader => Err(Error::NotLeader),
+        Removal::Absent | Removal::NotOurs | Removal::Removed => Ok(()),
     }
 }
 
@@ -631,32 +507,5 @@ async fn publish(ctx: &Context, policy: &InjectionPolicy, event: PlannedEvent) {
     };
     if let Err(e) = ctx.recorder.publish(&ev, &policy.object_ref(&())).await {
         tracing::warn!(policy = %policy.name_any(), reason = %reason, error = %e, "could not publish an Event");
-    }
-}
-
-/// Events notes are limited to 1 kB.
-pub(crate) fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max.saturating_sub(1);
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push('…');
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncation_respects_character_boundaries() {
-        let s = "é".repeat(600);
-        let t = truncate(s, 1000);
-        assert!(t.len() <= 1000 + '…'.len_utf8());
-        assert!(t.ends_with('…'));
-        assert_eq!(truncate("short".into(), 1000), "short");
     }
 }

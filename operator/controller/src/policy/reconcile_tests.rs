@@ -1,9 +1,7 @@
 //! The reconciler against a fake API server (kube's tower-test mock): which requests one
 //! reconcile makes, so "steady state makes no writes" is checked without a cluster.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use crate::metrics::Metrics;
 use http::{Method, Request, Response, StatusCode};
@@ -17,10 +15,10 @@ use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, O
 use tokio::sync::watch;
 use tower_test::mock;
 
-use super::reconcile::{Error, reconcile};
-use super::render::ClientTarget;
-use crate::leader::LeaseConfig;
-use crate::{Context, Settings};
+use super::error::Error;
+use super::reconcile::reconcile;
+use crate::Context;
+use crate::leader::Leadership;
 
 const MWC_PATH: &str =
     "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/splice-p";
@@ -136,35 +134,12 @@ fn policy() -> InjectionPolicy {
 }
 
 fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<Context> {
-    let settings = Settings {
-        namespace: "splice-system".into(),
-        target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
-        serving_names: vec!["127.0.0.1".into()],
-        policy_selector: None,
-        validating_webhook: true,
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        lease: LeaseConfig {
-            name: "splice-leader".into(),
-            identity: "test".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        },
-        certs: crate::rotation::Timing::default(),
-        guard: crate::guard::GuardConfig {
-            namespace: "splice-system".into(),
-            deployment: "splice".into(),
-            hold: Duration::from_secs(60),
-        },
-        probe_interval: None,
-    };
+    let settings = crate::context::tests::settings();
     let (store, mut writer) = reflector::store();
     for p in policies {
         writer.apply_watcher_event(&watcher::Event::Apply(p.clone()));
     }
     let (_ca_tx, ca) = watch::channel(Some(Arc::new("-----BEGIN CERTIFICATE-----\n".to_owned())));
-    let (_leading_tx, leading) = watch::channel(leading);
     // The senders may go: a receiver keeps the last value.
     Arc::new(Context::new(
         client,
@@ -172,7 +147,7 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
         store,
         ca,
         Arc::new(Metrics::new()),
-        leading,
+        Leadership::fixed(leading),
     ))
 }
 

@@ -15,30 +15,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use kube::Resource;
 use serde_json::Value;
 
-use super::groups::{Group, Member, Plan};
 use splice_crds::{
     ALWAYS_EXCLUDED_NAMESPACES, FailurePolicy, InjectionPolicy, MANAGED_BY_LABEL, MANAGER,
     NAMESPACE_NAME_LABEL, OPT_OUT_LABEL,
 };
+use splice_engine::entry::{Group, Member, Plan};
 
 /// Longest policy name whose webhook name `<policy>.splice.dev` is still a valid DNS subdomain
 /// (253 characters); `splice-<policy>` is shorter, so this bound covers both.
 pub const MAX_POLICY_NAME_LEN: usize = 253 - ".splice.dev".len();
-
-/// Name of the MutatingWebhookConfiguration that serves `policy`.
-pub fn webhook_configuration_name(policy: &str) -> String {
-    format!("splice-{policy}")
-}
-
-/// Name of the single webhook inside that configuration.
-pub fn webhook_name(policy: &str) -> String {
-    format!("{policy}.splice.dev")
-}
-
-/// HTTP path the webhook server answers for `policy`.
-pub fn webhook_path(policy: &str) -> String {
-    format!("/inject/{policy}")
-}
 
 /// How the API server reaches the webhook.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::Resource as _;
@@ -23,13 +24,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{MANAGED_BY_LABEL, MANAGER};
 use splice_server::server::VALIDATE_PATH;
 use tokio::sync::watch;
 
-use super::render::{ClientTarget, is_up_to_date};
+use super::apply::{Removal, apply_if_changed, remove_if_ours};
+use super::render::ClientTarget;
 
 /// The CRD that owns the configuration.
 pub const CRD_NAME: &str = "injectionpolicies.splice.dev";
@@ -205,7 +207,7 @@ pub async fn maintain(
     client: Client,
     writer: Writer,
     mut ca_bundle: watch::Receiver<Option<Arc<String>>>,
-    leading: watch::Receiver<bool>,
+    leading: Leadership,
     metrics: Arc<Metrics>,
 ) {
     let selector = match writer.policy_selector.as_deref().map(parse_label_selector) {
@@ -240,17 +242,7 @@ pub async fn maintain(
             None => RESYNC,
             Some(bundle) => {
                 let started = std::time::Instant::now();
-                match ensure(
-                    &api,
-                    &crds,
-                    &writer,
-                    selector.as_ref(),
-                    &name,
-                    &bundle,
-                    &leading,
-                )
-                .await
-                {
+                match ensure(&api, &crds, &writer, selector.as_ref(), &bundle, &leading).await {
                     Ok(()) => RESYNC,
                     Err(e) => {
                         // Counted where failed policy reconciles are, so the same alert sees it.
@@ -273,28 +265,15 @@ pub async fn maintain(
 async fn ensure_absent(
     api: &Api<ValidatingWebhookConfiguration>,
     name: &str,
-    leading: &watch::Receiver<bool>,
+    leading: &Leadership,
 ) -> Result<(), kube::Error> {
-    let Some(existing) = api.get_metadata_opt(name).await? else {
-        return Ok(());
-    };
-    let ours = existing
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY_LABEL))
-        .is_some_and(|v| v == MANAGER);
-    if !ours || !*leading.borrow() {
-        return Ok(());
+    let removal = remove_if_ours(api, leading, None, name)
+        .await
+        .map_err(|f| f.source)?;
+    if removal == Removal::Removed {
+        tracing::info!(configuration = %name, "removed the validating webhook configuration (--validating-webhook=false)");
     }
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => {
-            tracing::info!(configuration = %name, "removed the validating webhook configuration (--validating-webhook=false)");
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
+    Ok(())
 }
 
 async fn ensure(
@@ -302,9 +281,8 @@ async fn ensure(
     crds: &Api<CustomResourceDefinition>,
     writer: &Writer,
     selector: Option<&LabelSelector>,
-    name: &str,
     ca_bundle: &str,
-    leading: &watch::Receiver<bool>,
+    leading: &Leadership,
 ) -> Result<(), kube::Error> {
     // Without the CRD's uid the configuration is written unowned (and owned on a later pass):
     // judging policies matters more than its garbage collection.
@@ -322,23 +300,10 @@ async fn ensure(
         policy_selector: selector,
         crd_uid: crd_uid.as_deref(),
     });
-    let observed = api.get_opt(name).await?;
-    if observed
-        .as_ref()
-        .is_some_and(|o| is_up_to_date(&desired, o))
-    {
-        return Ok(());
-    }
-    if !*leading.borrow() {
-        return Ok(());
-    }
-    api.patch(
-        name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&desired),
-    )
-    .await?;
-    tracing::info!(configuration = %name, existed = observed.is_some(), "applied the validating webhook configuration");
+    // Not leading: the next leader writes it.
+    apply_if_changed(api, leading, &desired)
+        .await
+        .map_err(|f| f.source)?;
     Ok(())
 }
 
@@ -346,6 +311,7 @@ async fn ensure(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
     use super::*;
+    use crate::policy::render::is_up_to_date;
 
     fn url() -> ClientTarget {
         ClientTarget::from_url("https://127.0.0.1:8443").unwrap()

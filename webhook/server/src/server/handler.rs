@@ -15,9 +15,10 @@ use crate::admission::{self, Review};
 use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
 use crate::server::{WebhookConfig, validate};
 use crate::store::{NamespaceStore, PolicyStore, namespace_context};
-use splice_crds::{FailurePolicy, Operation};
+use splice_crds::FailurePolicy;
+use splice_engine::entry::{EntryPath, MAX_MEMBERS, selection};
 use splice_engine::{
-    CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, Selection, SkipReason,
+    CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, SkipReason,
 };
 
 /// The `policy` label of requests to `/inject/<name>` for a name no loaded policy has. Request
@@ -79,7 +80,7 @@ impl std::fmt::Debug for Handler {
 
 enum Route<'a> {
     /// `/inject/<policy>[,<policy>...]`: the policies of one webhook entry, in the order to apply.
-    Inject(&'a str),
+    Inject(EntryPath<'a>),
     Validate,
     #[cfg(feature = "bench-baselines")]
     Null(NullWork),
@@ -112,10 +113,6 @@ enum Target<'a> {
     #[cfg(feature = "bench-baselines")]
     Null(NullWork),
 }
-
-/// The most policies one `/inject/...` path may name; a longer list is refused rather than
-/// looked up (the controller never writes one: a group is split before it gets there).
-pub const MAX_POLICIES_PER_CALL: usize = 64;
 
 impl Handler {
     pub fn new(
@@ -169,11 +166,8 @@ impl Handler {
         if path == VALIDATE_PATH {
             return Route::Validate;
         }
-        if let Some(name) = path.strip_prefix("/inject/")
-            && name.split(',').all(|n| !n.is_empty())
-            && !name.contains('/')
-        {
-            return Route::Inject(name);
+        if let Some(entry) = EntryPath::parse(path) {
+            return Route::Inject(entry);
         }
         #[cfg(feature = "bench-baselines")]
         if self.inner.config.null_handler {
@@ -204,14 +198,14 @@ impl Handler {
             #[cfg(feature = "bench-baselines")]
             Route::Null(work) => Target::Null(work),
             Route::Validate => Target::Validate,
-            Route::Inject(names) => {
-                if names.split(',').count() > MAX_POLICIES_PER_CALL {
+            Route::Inject(entry) => {
+                if entry.too_long() {
                     return text(
                         StatusCode::BAD_REQUEST,
-                        &format!("the path names more than {MAX_POLICIES_PER_CALL} policies"),
+                        &format!("the path names more than {MAX_MEMBERS} policies"),
                     );
                 }
-                Target::Policies(self.members(names).await)
+                Target::Policies(self.members(entry).await)
             }
         };
         let body = self.read_body(&parts, body).await;
@@ -250,11 +244,11 @@ impl Handler {
     /// configuration names, so a policy missing here is one this replica's watch has not
     /// delivered yet (or one deleted a moment ago): wait for it, all of them within one bound,
     /// rather than admit the pod uninjected.
-    async fn members<'n>(&self, names: &'n str) -> Vec<Member<'n>> {
+    async fn members<'n>(&self, entry: EntryPath<'n>) -> Vec<Member<'n>> {
         let policies = &self.inner.policies;
         let deadline = self.inner.config.cache_wait.map(|w| Instant::now() + w);
         let mut members = Vec::with_capacity(1);
-        for name in names.split(',') {
+        for name in entry.names() {
             let policy = match deadline {
                 Some(deadline) => {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -276,7 +270,7 @@ impl Handler {
     }
 
     /// The namespace a pod is admitted into. Selection is the API server's (see
-    /// [`Selection::ByApiServer`]), so the context only feeds templates: an unknown namespace is
+    /// [`splice_engine::Selection::ByApiServer`]), so the context only feeds templates: an unknown namespace is
     /// waited for only when a template reads its labels or annotations.
     async fn namespace(&self, reads_metadata: bool, name: &str) -> Arc<NamespaceContext> {
         let store = &self.inner.namespaces;
@@ -412,9 +406,11 @@ impl Handler {
                 each.push(Outcome::UnknownPolicy);
                 continue;
             };
-            let decided = decisions
-                .next()
-                .unwrap_or(Err(EngineError::InvalidObject("no decision".into())));
+            let decided = decisions.next().unwrap_or_else(|| {
+                Err(EngineError::Bug(
+                    "no decision for a policy the call named".into(),
+                ))
+            });
             each.push(match decided {
                 Ok(Decision::Inject(injection)) => {
                     if !review.dry_run {
@@ -478,24 +474,6 @@ impl Handler {
         }
         let patch = chained.changed.then_some(&chained.patch[..]);
         (allow(&review, patch, &warnings), Outcomes::Each(each))
-    }
-}
-
-/// Who decides the selectors for one call. A webhook entry of one policy carries that policy's
-/// selectors, so the API server decided both. A shared entry carries the namespace selector its
-/// policies have in common, and their object selector only when they all have the same one: the
-/// engine then decides each object selector from the pod's labels. UPDATE entries are only
-/// shared by policies with one object selector (the API server also matches the old object,
-/// which the engine does not see), so the API server decides those.
-fn selection(policies: &[&CompiledPolicy], operation: Operation) -> Selection {
-    let first = policies.first().map(|p| &p.spec().object_selector);
-    let one_selector = policies
-        .iter()
-        .all(|p| Some(&p.spec().object_selector) == first);
-    if one_selector || operation == Operation::Update {
-        Selection::ByApiServer
-    } else {
-        Selection::NamespaceByApiServer
     }
 }
 

@@ -1,4 +1,7 @@
-//! Pure: which policies share one webhook entry (a *group*), and in which order they apply.
+//! The webhook-entry contract shared by the controller (which writes entries), the webhook
+//! server (which answers them) and the CLI (which replays them offline): which policies share one
+//! entry (a *group*) and in which order they apply, the entry's names, its path (built and read
+//! here alone), the most policies one entry serves, and who decides which selector in a call.
 //!
 //! Every matching webhook costs a pod create one API-server round trip, in sequence, so policies
 //! that the API server would call under the same terms are served by one entry and one call; the
@@ -12,7 +15,8 @@
 //!
 //! An entry serving one policy keeps the policy's own names (`splice-<policy>`,
 //! `<policy>.splice.dev`, `/inject/<policy>`); a shared one is named after its terms, so it keeps
-//! its name while policies join and leave it.
+//! its name while policies join and leave it. Its path lists its policies in the order they apply
+//! (`/inject/<a>,<b>,...`).
 
 use std::collections::BTreeMap;
 
@@ -20,10 +24,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use sha2::{Digest, Sha256};
 use splice_crds::{FailurePolicy, InjectionPolicySpec, Operation};
 
-use super::render::{webhook_configuration_name, webhook_name};
+use crate::{CompiledPolicy, Selection};
 
-/// The most policies one entry serves; the webhook refuses longer paths.
-pub const MAX_GROUP_SIZE: usize = 32;
+/// The most policies one entry serves: grouping splits larger groups, and the webhook refuses a
+/// path that names more.
+pub const MAX_MEMBERS: usize = 32;
+
+/// What every entry's path starts with.
+const PATH_PREFIX: &str = "/inject/";
 
 /// Prefix of a shared configuration's name. A policy's own configuration is `splice-<policy>` and
 /// a policy name cannot start with `-`, so the two never collide.
@@ -102,24 +110,14 @@ impl Group {
 
     /// The path the webhook answers this entry on.
     pub fn path(&self) -> String {
-        let mut path = String::from("/inject/");
-        for (i, m) in self.members.iter().enumerate() {
-            if i > 0 {
-                path.push(',');
-            }
-            path.push_str(&m.name);
-        }
-        path
+        entry_path(self.members.iter().map(|m| m.name.as_str()))
     }
 
     /// The object selector the entry carries: the members' common one, or none when they differ
-    /// (the webhook then decides each).
+    /// (the webhook then decides each; see [`selection`]).
     pub fn object_selector(&self) -> Option<&LabelSelector> {
         let first = self.members.first()?.spec.object_selector.as_ref();
-        let same = self
-            .members
-            .iter()
-            .all(|m| canonical(m.spec.object_selector.as_ref()) == canonical(first));
+        let same = one_object_selector(self.members.iter().map(|m| &m.spec));
         if same { first } else { None }
     }
 
@@ -146,10 +144,10 @@ impl Plan {
         for (terms, mut members) in by_terms {
             members.sort_by(|a, b| a.name.cmp(&b.name));
             let id = terms_id(instance, &terms);
-            let chunks = members.len().div_ceil(MAX_GROUP_SIZE);
+            let chunks = members.len().div_ceil(MAX_MEMBERS);
             let mut rest = members.into_iter();
             for chunk in 0..chunks {
-                let members: Vec<Member> = rest.by_ref().take(MAX_GROUP_SIZE).collect();
+                let members: Vec<Member> = rest.by_ref().take(MAX_MEMBERS).collect();
                 groups.push(match &members[..] {
                     [only] => Group {
                         configuration: webhook_configuration_name(&only.name),
@@ -191,12 +189,78 @@ impl Plan {
     }
 }
 
+/// Name of the MutatingWebhookConfiguration that serves `policy`.
+pub fn webhook_configuration_name(policy: &str) -> String {
+    format!("splice-{policy}")
+}
+
+/// Name of the single webhook inside that configuration.
+pub fn webhook_name(policy: &str) -> String {
+    format!("{policy}.splice.dev")
+}
+
 /// The webhook name inside configuration `configuration`, as [`Plan::new`] names it.
 pub fn webhook_name_of(configuration: &str) -> Option<String> {
     if let Some(suffix) = configuration.strip_prefix(SHARED_PREFIX) {
         return Some(format!("group-{suffix}.splice.dev"));
     }
     configuration.strip_prefix("splice-").map(webhook_name)
+}
+
+/// The path of the entry that applies `names` in this order.
+pub fn entry_path<'n>(names: impl IntoIterator<Item = &'n str>) -> String {
+    let mut path = String::from(PATH_PREFIX);
+    for (i, name) in names.into_iter().enumerate() {
+        if i > 0 {
+            path.push(',');
+        }
+        path.push_str(name);
+    }
+    path
+}
+
+/// An entry's path as the webhook reads it: the policies it names, in the order they apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryPath<'a>(&'a str);
+
+impl<'a> EntryPath<'a> {
+    /// `None` for a path that is no entry's: another prefix, an empty name, a nested path.
+    pub fn parse(path: &'a str) -> Option<Self> {
+        let names = path.strip_prefix(PATH_PREFIX)?;
+        (names.split(',').all(|n| !n.is_empty()) && !names.contains('/')).then_some(Self(names))
+    }
+
+    pub fn names(self) -> impl Iterator<Item = &'a str> {
+        self.0.split(',')
+    }
+
+    /// More names than any entry [`Plan::new`] writes: refused rather than looked up.
+    pub fn too_long(self) -> bool {
+        self.names().nth(MAX_MEMBERS).is_some()
+    }
+}
+
+/// Whether every spec has the same object selector, an empty and an absent one alike.
+fn one_object_selector<'s>(mut specs: impl Iterator<Item = &'s InjectionPolicySpec>) -> bool {
+    let Some(first) = specs.next() else {
+        return true;
+    };
+    let first = canonical(first.object_selector.as_ref());
+    specs.all(|s| canonical(s.object_selector.as_ref()) == first)
+}
+
+/// Who decides the selectors for one call of an entry. An entry carries its policies' common
+/// namespace selector, and their object selector only when they all have the same one (see
+/// [`Group::object_selector`]): then the API server decided both; otherwise the engine decides
+/// each object selector from the pod's labels. UPDATE entries are only shared by policies with
+/// one object selector (the API server also matches the old object, which the engine does not
+/// see), so the API server decides those.
+pub fn selection(policies: &[&CompiledPolicy], operation: Operation) -> Selection {
+    if operation == Operation::Update || one_object_selector(policies.iter().map(|p| p.spec())) {
+        Selection::ByApiServer
+    } else {
+        Selection::NamespaceByApiServer
+    }
 }
 
 fn terms_id(instance: &str, terms: &Terms) -> String {
@@ -212,6 +276,37 @@ fn terms_id(instance: &str, terms: &Terms) -> String {
 mod tests {
     use super::*;
     use splice_crds::ReinvocationPolicy;
+
+    #[test]
+    fn a_path_reads_back_the_names_it_was_built_from_in_order() {
+        let path = entry_path(["env", "logs", "mesh"]);
+        assert_eq!(path, "/inject/env,logs,mesh");
+        let parsed = EntryPath::parse(&path).expect("an entry path");
+        assert_eq!(parsed.names().collect::<Vec<_>>(), ["env", "logs", "mesh"]);
+        assert!(!parsed.too_long());
+    }
+
+    #[test]
+    fn paths_that_are_no_entrys_are_not_read() {
+        for path in [
+            "/validate",
+            "/inject/",
+            "/inject/a,,b",
+            "/inject/a/b",
+            "/injectx",
+        ] {
+            assert_eq!(EntryPath::parse(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_path_naming_more_policies_than_an_entry_holds_is_too_long() {
+        let names: Vec<String> = (0..=MAX_MEMBERS).map(|i| format!("p{i}")).collect();
+        let full = entry_path(names.iter().take(MAX_MEMBERS).map(String::as_str));
+        assert!(!EntryPath::parse(&full).expect("path").too_long());
+        let over = entry_path(names.iter().map(String::as_str));
+        assert!(EntryPath::parse(&over).expect("path").too_long());
+    }
 
     fn member(name: &str, edit: impl FnOnce(&mut InjectionPolicySpec)) -> Member {
         let mut spec = InjectionPolicySpec {
@@ -352,11 +447,11 @@ mod tests {
     #[test]
     fn a_large_group_is_split_into_entries_of_bounded_size() {
         let plan = Plan::new(
-            (0..MAX_GROUP_SIZE + 3).map(|i| member(&format!("p{i:03}"), |_| {})),
+            (0..MAX_MEMBERS + 3).map(|i| member(&format!("p{i:03}"), |_| {})),
             "splice-system",
         );
         let sizes: Vec<usize> = plan.groups().iter().map(|g| g.members.len()).collect();
-        assert_eq!(sizes, [MAX_GROUP_SIZE, 3]);
+        assert_eq!(sizes, [MAX_MEMBERS, 3]);
         assert_ne!(
             plan.groups()[0].configuration,
             plan.groups()[1].configuration

@@ -1,0 +1,250 @@
+//! What `splice run` is configured with ([`Settings`]) and what every reconcile reads and shares
+//! ([`Context`]): the client, the caches, the leadership check and what this replica last wrote.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::{Client, ResourceExt};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
+use tokio::sync::watch;
+
+use crate::certs::{Serving, rotation};
+use crate::guard;
+use crate::leader::{Leadership, LeaseConfig};
+use crate::metrics::Metrics;
+use crate::policy::error::Error;
+use crate::policy::render::ClientTarget;
+use crate::policy::{neighbours, serving};
+
+/// Everything `splice run` is configured with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Splice's own namespace: the Lease and the CA Secret live here, and no pod in it is injected.
+    pub namespace: String,
+    /// How the API server reaches the webhook (Service or `--webhook-url`).
+    pub target: ClientTarget,
+    /// Names the serving certificate carries: the Service's DNS names and, for an outside
+    /// webhook, the URL's host.
+    pub serving_names: Vec<String>,
+    /// Only policies matching this label selector are served and managed (empty: all). Lets
+    /// several independent Splice instances share a cluster, e.g. in tests or for canaries.
+    pub policy_selector: Option<String>,
+    /// Whether the leader keeps the ValidatingWebhookConfiguration for policies (else removes it).
+    pub validating_webhook: bool,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub lease: LeaseConfig,
+    /// Certificate lifetimes, renewal point and rotation delays.
+    pub certs: rotation::Timing,
+    /// Where the availability guard looks (Splice's Deployment) and how long it holds.
+    pub guard: guard::GuardConfig,
+    /// How often the leader's admission probe verifies each policy; `None` turns it off.
+    pub probe_interval: Option<Duration>,
+}
+
+/// What every reconcile reads and shares.
+pub struct Context {
+    /// The client every read and write goes through.
+    pub client: Client,
+    /// Splice's own namespace (excluded from every webhook).
+    pub namespace: String,
+    /// How the API server reaches the webhook.
+    pub target: ClientTarget,
+    /// Every managed policy as the controller sees them, for conflict detection.
+    pub policies: Store<InjectionPolicy>,
+    /// The CA PEM the API server must trust; `None` until the Secret has been loaded.
+    pub ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    /// Publishes Events on policies.
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    /// Whether this replica holds the Lease; checked before every write.
+    pub leading: Leadership,
+    /// Whether the availability guard lets `Fail` be in force.
+    pub guard: watch::Receiver<guard::GuardStatus>,
+    /// Why Splice cannot keep its certificates (a Secret it did not create), if it cannot.
+    pub certificate_problem: watch::Receiver<Option<String>>,
+    /// The certificate this replica serves (its NotAfter goes into every status).
+    pub serving: watch::Receiver<Serving>,
+    /// Who conflicted with whom at the last reconcile, so a spec change re-reconciles only the
+    /// policies whose conflicts it can change.
+    pub neighbours: Arc<neighbours::Neighbours>,
+    /// What tells this Splice's shared webhook entries from another instance's in the cluster.
+    pub instance: String,
+    /// The spec each policy serves, for grouping policies into shared webhook entries.
+    pub served: serving::ServedSpecs,
+    /// Consecutive failures per policy, for the retry backoff.
+    failures: Mutex<HashMap<String, u32>>,
+    /// The status this replica last wrote per policy, until the watch delivers it.
+    written: Mutex<HashMap<String, WrittenStatus>>,
+}
+
+struct WrittenStatus {
+    uid: Option<String>,
+    /// resourceVersion of the object the write was based on.
+    based_on: Option<String>,
+    status: InjectionPolicyStatus,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: &Settings,
+        policies: Store<InjectionPolicy>,
+        ca_bundle: watch::Receiver<Option<Arc<String>>>,
+        metrics: Arc<Metrics>,
+        leading: Leadership,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: MANAGER.to_owned(),
+            instance: Some(settings.lease.identity.clone()),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            namespace: settings.namespace.clone(),
+            target: settings.target.clone(),
+            policies,
+            ca_bundle,
+            metrics,
+            leading,
+            // Until a guard is attached, `Fail` is never in force.
+            guard: watch::channel(guard::GuardStatus::not_observed()).1,
+            certificate_problem: watch::channel(None).1,
+            serving: watch::channel(Serving::default()).1,
+            // Without a controller reading the queue, requeues go nowhere.
+            neighbours: Arc::new(neighbours::Neighbours::new().0),
+            instance: format!(
+                "{}/{}",
+                settings.namespace,
+                settings.policy_selector.as_deref().unwrap_or_default()
+            ),
+            served: serving::ServedSpecs::default(),
+            failures: Mutex::default(),
+            written: Mutex::default(),
+        }
+    }
+
+    pub fn with_serving(mut self, serving: watch::Receiver<Serving>) -> Self {
+        self.serving = serving;
+        self
+    }
+
+    pub fn with_certificate_problem(mut self, problem: watch::Receiver<Option<String>>) -> Self {
+        self.certificate_problem = problem;
+        self
+    }
+
+    pub fn with_neighbours(mut self, neighbours: Arc<neighbours::Neighbours>) -> Self {
+        self.neighbours = neighbours;
+        self
+    }
+
+    pub fn with_guard(mut self, guard: watch::Receiver<guard::GuardStatus>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    pub(crate) fn ensure_leading(&self) -> Result<(), Error> {
+        if self.leading.now() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    pub(crate) fn count_failure(&self, policy: &str) -> u32 {
+        let mut failures = self.failures.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = failures.entry(policy.to_owned()).or_default();
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    pub(crate) fn reset_backoff(&self, policy: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(policy);
+    }
+
+    /// The status to compare against: the cached object's, unless the cache still holds the very
+    /// version our last status write was based on (its watch event has not arrived yet), in which
+    /// case what we wrote. Without this, a reconcile right after a write would write again.
+    pub(crate) fn last_known_status(
+        &self,
+        policy: &InjectionPolicy,
+    ) -> Option<InjectionPolicyStatus> {
+        let name = policy.name_any();
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        match written.get(&name) {
+            Some(w)
+                if w.uid == policy.metadata.uid
+                    && w.based_on == policy.metadata.resource_version =>
+            {
+                Some(w.status.clone())
+            }
+            Some(_) => {
+                // The cache has moved past our write: it is the truth again.
+                written.remove(&name);
+                policy.status.clone()
+            }
+            None => policy.status.clone(),
+        }
+    }
+
+    pub(crate) fn remember_status(
+        &self,
+        policy: &InjectionPolicy,
+        _written: &InjectionPolicy,
+        status: &InjectionPolicyStatus,
+    ) {
+        self.written
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                policy.name_any(),
+                WrittenStatus {
+                    uid: policy.metadata.uid.clone(),
+                    based_on: policy.metadata.resource_version.clone(),
+                    status: status.clone(),
+                },
+            );
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::certs::rotation;
+    use crate::guard;
+
+    /// What the tests run Splice with: an outside webhook URL, default timings.
+    pub(crate) fn settings() -> Settings {
+        Settings {
+            namespace: "splice-system".into(),
+            target: ClientTarget::from_url("https://127.0.0.1:9443").unwrap(),
+            serving_names: vec!["127.0.0.1".into()],
+            policy_selector: None,
+            validating_webhook: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            lease: LeaseConfig {
+                name: "splice-leader".into(),
+                identity: "test".into(),
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
+            },
+            certs: rotation::Timing::default(),
+            guard: guard::GuardConfig {
+                namespace: "splice-system".into(),
+                deployment: "splice".into(),
+                hold: Duration::from_secs(60),
+            },
+            probe_interval: Some(Duration::from_secs(60)),
+        }
+    }
+}

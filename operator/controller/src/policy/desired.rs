@@ -1,0 +1,257 @@
+//! What one policy should be, decided before anything is written: the revision in force, the
+//! mode, the failure policy, the webhook entry that serves it, its conflicts and the partners a
+//! change of it can affect. Pure: it reads the policy and what the leader knows of the cluster
+//! ([`World`]) and calls no API.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus};
+
+use super::conditions::{FailurePolicyDecision, effective_failure_policy};
+use super::conflicts::{Conflict, conflicts_of};
+use super::intree::{self, ModeDecision};
+use super::serving::{InForce, ServedSpecs, in_force};
+use crate::guard::GuardStatus;
+use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
+
+/// What the leader knows of the cluster when it decides one policy.
+pub struct World<'a> {
+    /// Every managed policy, as the controller's cache holds them.
+    pub policies: &'a [Arc<InjectionPolicy>],
+    /// The spec each policy serves in a webhook.
+    pub served: &'a ServedSpecs,
+    /// Whether the availability guard lets `Fail` be in force.
+    pub guard: &'a GuardStatus,
+    /// What tells this Splice's shared webhook entries from another instance's.
+    pub instance: &'a str,
+    /// The policy's status as this replica last knows it (its own write, until the watch shows it).
+    pub status: Option<&'a InjectionPolicyStatus>,
+}
+
+/// The decision for one policy.
+pub struct Desired<'p> {
+    /// The revision in force: the current spec if it compiles, else the last good one, if any.
+    pub in_force: InForce,
+    /// The policy with the spec in force: what its webhook entry or in-tree objects are made of.
+    pub served: Cow<'p, InjectionPolicy>,
+    pub mode: ModeDecision,
+    pub failure_policy: FailurePolicyDecision,
+    pub conflicts: Vec<Conflict>,
+    /// Every policy this Splice serves by webhook, grouped into entries; this one with the spec
+    /// in force, or left out when it serves none.
+    pub plan: Plan,
+    /// The entry that serves this policy, when a webhook does.
+    pub group: Option<Group>,
+    /// The policies whose reconcile a change of this one can change (conflicts, entry partners).
+    pub partners: BTreeSet<String>,
+    /// The configuration the status names: the entry's, else the one that served it so far.
+    pub configuration: String,
+}
+
+/// Decides what `policy` should be in `world`.
+pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p> {
+    let name = policy.name_any();
+    let in_force = in_force(policy);
+    // The entry is rendered from the spec in force: an invalid update leaves it exactly as the
+    // last good generation had it.
+    let served = match &in_force {
+        InForce::LastGood { compiled, .. } => Cow::Owned(InjectionPolicy {
+            spec: compiled.spec().clone(),
+            ..policy.clone()
+        }),
+        InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
+    };
+    let mode = intree::decide(served.spec.mode, in_force.compiled());
+    let failure_policy = match &mode.program {
+        Some(_) => intree::failure_policy(served.spec.failure_policy),
+        None => effective_failure_policy(served.spec.failure_policy, world.guard),
+    };
+    let conflicts = conflicts_of(policy, world.policies.iter().map(AsRef::as_ref));
+    // In webhook mode only; in-tree, a policy is no webhook entry's.
+    let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
+    let plan = plan_entries(world, policy, serves.then_some(&served.spec));
+    let group = plan.group_of(&name).cloned();
+    let mut partners: BTreeSet<String> = conflicts.iter().map(|c| c.other.clone()).collect();
+    partners.extend(
+        group
+            .iter()
+            .flat_map(|g| g.members.iter().map(|m| m.name.clone())),
+    );
+    partners.remove(&name);
+    let configuration = match &group {
+        Some(g) => g.configuration.clone(),
+        None => world
+            .status
+            .and_then(|s| s.webhook_configuration.clone())
+            .unwrap_or_else(|| webhook_configuration_name(&name)),
+    };
+    Desired {
+        in_force,
+        served,
+        mode,
+        failure_policy,
+        conflicts,
+        plan,
+        group,
+        partners,
+        configuration,
+    }
+}
+
+/// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
+/// its reconcile just decided (`None`: it serves nothing); the others with the spec each serves.
+fn plan_entries(
+    world: &World<'_>,
+    this: &InjectionPolicy,
+    this_spec: Option<&InjectionPolicySpec>,
+) -> Plan {
+    let member = |p: &InjectionPolicy, spec: &InjectionPolicySpec| Member {
+        name: p.name_any(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        failure_policy: effective_failure_policy(spec.failure_policy, world.guard).effective,
+        spec: spec.clone(),
+    };
+    let this_name = this.name_any();
+    let others = world
+        .policies
+        .iter()
+        .filter(|p| p.name_any() != this_name)
+        .filter_map(|p| world.served.get(p).map(|spec| member(p, &spec)));
+    let this = this_spec.map(|spec| member(this, spec));
+    Plan::new(others.chain(this), world.instance)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+    use splice_crds::{FailurePolicy, Mode};
+
+    use super::*;
+
+    fn policy(name: &str, spec: Value) -> Arc<InjectionPolicy> {
+        let mut p = InjectionPolicy::new(name, serde_json::from_value(spec).unwrap());
+        p.metadata.uid = Some(format!("{name}-uid"));
+        p.metadata.generation = Some(1);
+        Arc::new(p)
+    }
+
+    fn webhook(name: &str, image: &str) -> Arc<InjectionPolicy> {
+        policy(
+            name,
+            json!({
+                "mode": "Webhook",
+                "namespaceSelector": {"matchLabels": {"mesh": "on"}},
+                "template": {"containers": [{"name": name, "image": image}]}
+            }),
+        )
+    }
+
+    fn decide<'p>(
+        policy: &'p InjectionPolicy,
+        all: &[Arc<InjectionPolicy>],
+        guard: &GuardStatus,
+        status: Option<&InjectionPolicyStatus>,
+    ) -> Desired<'p> {
+        let served = ServedSpecs::default();
+        let world = World {
+            policies: all,
+            served: &served,
+            guard,
+            instance: "splice-system/",
+            status,
+        };
+        desired(policy, &world)
+    }
+
+    #[test]
+    fn a_webhook_policy_alone_has_its_own_entry_and_no_partners() {
+        let p = webhook("mesh", "registry.invalid/proxy:1");
+        let d = decide(&p, &[Arc::clone(&p)], &GuardStatus::not_observed(), None);
+        assert!(matches!(d.in_force, InForce::Current(_)));
+        assert_eq!(d.mode.effective, Mode::Webhook);
+        assert!(d.mode.program.is_none());
+        let group = d.group.expect("an entry");
+        assert_eq!(group.names(), vec!["mesh"]);
+        assert_eq!(d.configuration, "splice-mesh");
+        assert!(d.partners.is_empty());
+        assert!(d.conflicts.is_empty());
+    }
+
+    #[test]
+    fn policies_on_the_same_terms_share_an_entry_and_are_each_others_partners() {
+        let a = webhook("a", "registry.invalid/a:1");
+        let b = webhook("b", "registry.invalid/b:1");
+        let all = [Arc::clone(&a), Arc::clone(&b)];
+        let d = decide(&a, &all, &GuardStatus::not_observed(), None);
+        let group = d.group.expect("an entry");
+        assert!(group.is_shared(), "{:?}", group.names());
+        assert_eq!(d.configuration, group.configuration);
+        assert_eq!(d.partners, BTreeSet::from(["b".to_owned()]));
+    }
+
+    #[test]
+    fn a_static_auto_policy_runs_in_tree_in_no_entry_with_its_own_failure_policy() {
+        let p = policy(
+            "static",
+            json!({
+                "namespaceSelector": {"matchLabels": {"mesh": "on"}},
+                "failurePolicy": "Fail",
+                "template": {"containers": [{"name": "agent", "image": "registry.invalid/agent:1"}]}
+            }),
+        );
+        let d = decide(&p, &[Arc::clone(&p)], &GuardStatus::not_observed(), None);
+        assert_eq!(d.mode.effective, Mode::InTree);
+        assert!(d.mode.program.is_some());
+        assert!(d.group.is_none());
+        assert_eq!(d.configuration, "splice-static");
+        assert_eq!(
+            d.failure_policy.effective,
+            intree::failure_policy(FailurePolicy::Fail).effective
+        );
+    }
+
+    #[test]
+    fn fail_is_not_in_force_for_a_webhook_policy_until_the_guard_allows_it() {
+        let mut spec = json!({
+            "mode": "Webhook",
+            "failurePolicy": "Fail",
+            "template": {"containers": [{"name": "proxy", "image": "registry.invalid/proxy:1"}]}
+        });
+        let p = policy("strict", spec.take());
+        let d = decide(&p, &[Arc::clone(&p)], &GuardStatus::not_observed(), None);
+        assert_eq!(d.failure_policy.effective, FailurePolicy::Ignore);
+        assert_eq!(
+            d.group.expect("an entry").members[0].failure_policy,
+            FailurePolicy::Ignore
+        );
+    }
+
+    #[test]
+    fn a_paused_policy_is_in_no_entry_and_names_the_configuration_that_served_it() {
+        let mut p = (*webhook("mesh", "registry.invalid/proxy:1")).clone();
+        p.spec.paused = true;
+        let status = InjectionPolicyStatus {
+            webhook_configuration: Some("splice-shared-1234".into()),
+            ..InjectionPolicyStatus::default()
+        };
+        let d = decide(&p, &[], &GuardStatus::not_observed(), Some(&status));
+        assert!(d.group.is_none());
+        assert_eq!(d.configuration, "splice-shared-1234");
+    }
+
+    #[test]
+    fn overlapping_policies_injecting_the_same_container_are_conflict_partners() {
+        let a = webhook("a", "registry.invalid/a:1");
+        let mut b = (*webhook("b", "registry.invalid/b:1")).clone();
+        b.spec.template.containers[0].name = "a".into();
+        // Different terms, so no shared entry: the partner comes from the conflict alone.
+        b.spec.timeout_seconds = 7;
+        let all = [Arc::clone(&a), Arc::new(b)];
+        let d = decide(&a, &all, &GuardStatus::not_observed(), None);
+        assert_eq!(d.conflicts.len(), 1, "{:?}", d.conflicts);
+        assert!(d.partners.contains("b"));
+    }
+}

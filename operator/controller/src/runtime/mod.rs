@@ -1,0 +1,218 @@
+//! `splice run`'s wiring and lifecycle: the servers and the caches every replica keeps
+//! ([`feeds`]), the election, and the leader's work for each term it holds ([`leadership`]),
+//! including the orphan sweep ([`janitor`]).
+
+mod feeds;
+mod janitor;
+mod leadership;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher;
+use splice_crds::InjectionPolicy;
+use splice_server::admin::{AdminServer, Readiness};
+use splice_server::metrics::Registry;
+use splice_server::server::{WebhookConfig, WebhookServer};
+use splice_server::store::{NamespaceStore, PolicyStore};
+use splice_server::tls::CertResolver;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use self::feeds::{feed_namespace_store, feed_policy_store, track_readiness};
+use self::leadership::{lead, supervise_leadership};
+use crate::certs::Serving;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::{Settings, certs, leader};
+
+/// Runs `splice run` until `shutdown` resolves: the webhook and admin servers and the caches on
+/// every replica, the controller on the leader.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    settings.lease.validate()?;
+    let mut registry = Registry::default();
+    let admission = Arc::new(splice_server::metrics::Metrics::register(&mut registry));
+    let metrics = Arc::new(Metrics::register(&mut registry));
+    let registry = Arc::new(registry);
+    let policies = Arc::new(PolicyStore::new());
+    let namespaces = Arc::new(NamespaceStore::new());
+    let resolver = Arc::new(CertResolver::new());
+    let readiness = Arc::new(Readiness::new(Arc::clone(&resolver)));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = {
+        let rx = stop_rx.clone();
+        move || wait_true(rx.clone())
+    };
+
+    let webhook_listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen for webhook requests on {}: {e}",
+                settings.listen
+            )
+        })?;
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_listen)
+        .await
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen for admin requests on {}: {e}",
+                settings.admin_listen
+            )
+        })?;
+    tracing::info!(
+        webhook = %settings.listen,
+        admin = %settings.admin_listen,
+        namespace = %settings.namespace,
+        identity = %settings.lease.identity,
+        "splice run starting"
+    );
+    let server = WebhookServer::new(
+        WebhookConfig::new(&settings.namespace),
+        Arc::clone(&policies),
+        Arc::clone(&namespaces),
+        admission,
+        Arc::clone(&resolver),
+    )?
+    .readiness(Arc::clone(&readiness));
+    let webhook_task = tokio::spawn(server.serve(webhook_listener, stopped()));
+    let admin = AdminServer::new(registry, Arc::clone(&readiness));
+    let admin_task = tokio::spawn(admin.serve(admin_listener, stopped()));
+
+    // Caches every replica keeps: the webhook answers from them.
+    let (policies_changed_tx, policies_changed) = watch::channel(0u64);
+    let (policies_synced_tx, policies_synced) = watch::channel(false);
+    let (namespaces_synced_tx, namespaces_synced) = watch::channel(false);
+    let (ca_tx, ca_rx) = watch::channel::<Option<Arc<String>>>(None);
+    let (secret_changed_tx, secret_changed) = watch::channel(0u64);
+    let (served_tx, served_rx) = watch::channel(Serving::default());
+    let mut background: Vec<JoinHandle<()>> = vec![
+        tokio::spawn(feed_policy_store(
+            policy_api(&client),
+            watcher_config(&settings.policy_selector),
+            Arc::clone(&policies),
+            policies_changed_tx,
+            policies_synced_tx,
+        )),
+        tokio::spawn(feed_namespace_store(
+            Api::all(client.clone()),
+            Arc::clone(&namespaces),
+            namespaces_synced_tx,
+        )),
+        tokio::spawn(certs::load_certificates(
+            Api::namespaced(client.clone(), &settings.namespace),
+            Arc::clone(&resolver),
+            Arc::clone(&metrics),
+            ca_tx,
+            secret_changed_tx,
+            served_tx,
+        )),
+        tokio::spawn(certs::report_serving(
+            Api::namespaced(client.clone(), &settings.namespace),
+            settings.lease.identity.clone(),
+            served_rx.clone(),
+            settings.lease.retry_period,
+            settings.lease.lease_duration,
+        )),
+        tokio::spawn(track_readiness(
+            Arc::clone(&readiness),
+            policies_synced,
+            namespaces_synced,
+        )),
+    ];
+
+    // The election, and the leader's work whenever this replica leads.
+    let (leading_tx, leading_rx) = Leadership::channel();
+    background.push(tokio::spawn(leader::run(
+        Api::<Lease>::namespaced(client.clone(), &settings.namespace),
+        settings.lease.clone(),
+        leading_tx,
+        stop_rx.clone(),
+    )));
+    let caches = Caches {
+        served: Arc::clone(&policies),
+        ca_bundle: ca_rx,
+        policies_changed,
+        secret_changed,
+        serving: served_rx,
+    };
+    let supervisor = {
+        let (client, settings, metrics) = (client.clone(), settings.clone(), Arc::clone(&metrics));
+        tokio::spawn(supervise_leadership(
+            Arc::clone(&metrics),
+            leading_rx,
+            move |leading| {
+                lead(
+                    client.clone(),
+                    settings.clone(),
+                    Arc::clone(&metrics),
+                    leading,
+                    caches.clone(),
+                )
+            },
+        ))
+    };
+
+    shutdown.await;
+    tracing::info!("shutting down");
+    stop_tx.send_replace(true);
+    readiness.set_draining();
+    supervisor.abort();
+    // The election loop releases the Lease on the way out; give it a moment to do so.
+    if let Some(election) = background.pop() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+    }
+    for task in background {
+        task.abort();
+    }
+    let _ = webhook_task.await;
+    let _ = admin_task.await;
+    Ok(())
+}
+
+pub(super) fn policy_api(client: &Client) -> Api<InjectionPolicy> {
+    Api::all(client.clone())
+}
+
+pub(super) fn watcher_config(selector: &Option<String>) -> watcher::Config {
+    let config = watcher::Config::default();
+    match selector {
+        Some(s) if !s.is_empty() => config.labels(s),
+        _ => config,
+    }
+}
+
+pub(super) async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+/// A stream that yields once per change of a watch channel.
+pub(super) fn changes<T: Send + Sync + 'static>(
+    rx: watch::Receiver<T>,
+) -> impl Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+}
+
+/// What every replica keeps current and the leader's work reads.
+#[derive(Clone)]
+pub(super) struct Caches {
+    /// The webhook's compiled policies.
+    pub(super) served: Arc<PolicyStore>,
+    pub(super) ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    pub(super) policies_changed: watch::Receiver<u64>,
+    pub(super) secret_changed: watch::Receiver<u64>,
+    pub(super) serving: watch::Receiver<Serving>,
+}

@@ -1,0 +1,232 @@
+//! Compiling a policy once: templates parsed, selectors validated, names checked, the Pod
+//! Security gate and the template hash, then shared read-only by every request.
+
+use std::collections::BTreeMap;
+
+use minijinja::Value as JValue;
+use selector::Selector;
+use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, STATUS_ANNOTATION};
+use template::{Templates, first_duplicate};
+
+use crate::*;
+
+/// A policy checked and compiled once (templates parsed, selectors validated, hash computed), then
+/// shared read-only by every request.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    pub(crate) name: String,
+    pub(crate) generation: i64,
+    pub(crate) spec: InjectionPolicySpec,
+    pub(crate) hash: String,
+    pub(crate) namespace_selector: Selector,
+    pub(crate) object_selector: Selector,
+    pub(crate) templates: Templates,
+    pub(crate) policy_ctx: JValue,
+    pub(crate) values_ctx: JValue,
+    /// The render context when no template reads `pod` or `namespace`.
+    pub(crate) static_ctx: JValue,
+    /// Renderings reused across requests when no template reads `pod`.
+    pub(crate) render_cache: cache::RenderCache,
+    /// Patches reused across pods of one shape, for those renderings.
+    pub(crate) plan_cache: cache::PlanCache,
+    /// The Pod Security level the injected content satisfies, and why no stricter one.
+    pub(crate) pod_security: PodSecurity,
+    /// What the policy will do that its author probably did not mean.
+    pub(crate) warnings: Vec<PolicyWarning>,
+}
+
+impl CompiledPolicy {
+    /// Compiles `spec` for the policy `name` at `generation`. Fails with an error naming the field
+    /// (e.g. `spec.template.containers[0].image`) when a template does not parse, a selector is
+    /// invalid, or the injected content holds what Pod Security `baseline` forbids while
+    /// `spec.allowPrivileged` is false.
+    pub fn compile(
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
+    ) -> Result<Self, PolicyError> {
+        let policy = name.to_owned();
+        let selector = |sel, field: &str| {
+            Selector::compile(sel).map_err(|e| PolicyError::Selector {
+                policy: policy.clone(),
+                field: format!("{field}.{}", e.field),
+                message: e.message,
+            })
+        };
+        let namespace_selector =
+            selector(spec.namespace_selector.as_ref(), "spec.namespaceSelector")?;
+        let object_selector = selector(spec.object_selector.as_ref(), "spec.objectSelector")?;
+        let invalid = |field: String, message: String| PolicyError::InvalidField {
+            policy: policy.clone(),
+            field,
+            message,
+        };
+        for (list, key) in [
+            ("labels", &spec.template.labels),
+            ("annotations", &spec.template.annotations),
+        ] {
+            for k in key.keys() {
+                let mut field = format!("spec.template.{list}");
+                template::push_key(&mut field, k);
+                validate::qualified_name(k)
+                    .map_err(|e| invalid(field.clone(), format!("invalid key: {e}")))?;
+                if k == STATUS_ANNOTATION {
+                    return Err(invalid(
+                        field,
+                        "is reserved for Splice's provenance record".into(),
+                    ));
+                }
+            }
+        }
+        let templates =
+            Templates::compile(name, generation, spec).map_err(|e| PolicyError::Template {
+                policy: policy.clone(),
+                field: e.field,
+                message: e.message,
+            })?;
+        check_unique(&policy, &templates)?;
+        let pod_security = podsecurity::assess(&templates);
+        if !spec.allow_privileged
+            && let Some(finding) = pod_security.privileged().next()
+        {
+            return Err(PolicyError::Privileged {
+                policy: policy.clone(),
+                field: finding.field.clone(),
+                message: format!(
+                    "{}: Pod Security baseline forbids this, so it is only allowed when \
+                     spec.allowPrivileged is true",
+                    finding.message
+                ),
+            });
+        }
+        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let static_ctx =
+            minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
+        let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);
+        for l in &templates.labels {
+            if let Some(value) = l.static_value() {
+                validate::label_value(value).map_err(|e| {
+                    let mut field = "spec.template.labels".to_owned();
+                    template::push_key(&mut field, &l.key);
+                    invalid(field, format!("label value {value:?} {e}"))
+                })?;
+            }
+        }
+        let hash = template::template_hash(name, spec)
+            .map_err(|e| invalid("spec.template".into(), format!("cannot be hashed: {e}")))?;
+        Ok(Self {
+            name: policy,
+            generation,
+            spec: spec.clone(),
+            hash,
+            namespace_selector,
+            object_selector,
+            templates,
+            policy_ctx,
+            values_ctx,
+            static_ctx,
+            render_cache: cache::RenderCache::default(),
+            plan_cache: cache::PlanCache::default(),
+            pod_security,
+            warnings,
+        })
+    }
+    /// The strictest Pod Security level the injected content satisfies, and why no stricter one.
+    pub fn pod_security(&self) -> &PodSecurity {
+        &self.pod_security
+    }
+    /// What the policy will do that its author probably did not mean (reads of fields absent at
+    /// admission, privileged content driven by the pod).
+    pub fn warnings(&self) -> &[PolicyWarning] {
+        &self.warnings
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Stable hash of everything that decides the injected content (template + values + policy
+    /// name); recorded in `splice.dev/status` and `status.templateHash`.
+    pub fn template_hash(&self) -> &str {
+        &self.hash
+    }
+    pub fn spec(&self) -> &InjectionPolicySpec {
+        &self.spec
+    }
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+    /// True when some template reads `pod` (the engine then builds a full JSON tree of the pod
+    /// for each request).
+    pub fn reads_pod(&self) -> bool {
+        self.templates.deps.pod
+    }
+    /// True when some template reads the namespace's labels or annotations (not just its name).
+    pub fn reads_namespace_metadata(&self) -> bool {
+        self.templates.deps.namespace_beyond_name
+    }
+    /// Evaluates the namespace and object selectors (full LabelSelector semantics). `None` when
+    /// both select; otherwise the reason this policy leaves the pod alone.
+    pub fn check_selectors(
+        &self,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> Option<SkipReason> {
+        if !self.selects_namespace(namespace) {
+            return Some(SkipReason::NamespaceNotSelected);
+        }
+        if !self
+            .object_selector
+            .matches(|k| pod_labels.get(k).map(String::as_str))
+        {
+            return Some(SkipReason::ObjectNotSelected);
+        }
+        None
+    }
+    /// True when both selectors select the pod.
+    pub fn selects(
+        &self,
+        namespace: &NamespaceContext,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.check_selectors(namespace, pod_labels).is_none()
+    }
+
+    /// The API server sets `kubernetes.io/metadata.name` on every namespace; offline callers
+    /// often omit it, so it is implied from the name.
+    pub(crate) fn selects_namespace(&self, ns: &NamespaceContext) -> bool {
+        self.namespace_selector.matches(|k| match ns.labels.get(k) {
+            Some(v) => Some(v.as_str()),
+            None if k == NAMESPACE_NAME_LABEL && !ns.name.is_empty() => Some(ns.name.as_str()),
+            None => None,
+        })
+    }
+}
+
+/// Injected names that do not depend on the request must be unique at compile time (containers
+/// and init containers share one name space in a pod).
+pub(crate) fn check_unique(policy: &str, t: &Templates) -> Result<(), PolicyError> {
+    let lists: [(Vec<&template::TemplateItem>, &str); 4] = [
+        (
+            t.init_containers.iter().chain(&t.containers).collect(),
+            "name",
+        ),
+        (t.volumes.iter().collect(), "name"),
+        (t.env_vars.iter().collect(), "name"),
+        (t.volume_mounts.iter().collect(), "mountPath"),
+    ];
+    for (items, key) in lists {
+        if let Some(dup) = first_duplicate(items.iter().filter_map(|i| i.static_key())) {
+            let field = items
+                .iter()
+                .filter(|i| i.static_key() == Some(dup))
+                .nth(1)
+                .map(|i| format!("{}.{key}", i.field))
+                .unwrap_or_default();
+            return Err(PolicyError::DuplicateName {
+                policy: policy.to_owned(),
+                field,
+                name: dup.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
