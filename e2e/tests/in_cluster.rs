@@ -38,6 +38,22 @@ const SIDECAR: &str = "splice-sidecar";
 const VOLUME: &str = "splice-shared";
 const ENV: &str = "SPLICE_INJECTED";
 
+/// Prints a measured figure and appends it to target/e2e-logs/in_cluster-report.txt, which
+/// outlives the run (cargo test hides a passing test's output).
+fn report(line: String) {
+    eprintln!("{line}");
+    let dir = repo_root().join("target/e2e-logs");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("in_cluster-report.txt"))
+    {
+        use std::io::Write as _;
+        let _ = writeln!(file, "{line}");
+    }
+}
+
 /// One install of Splice at a time.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
@@ -662,9 +678,9 @@ async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run
         sidecar_log.contains("serving on 9091"),
         "sidecar log:\n{sidecar_log}"
     );
-    eprintln!(
+    report(format!(
         "REPORT in-cluster: injected pod {name} Ready on the real node; init exited 0, sidecar started before the app"
-    );
+    ));
     Ok(())
 }
 
@@ -728,9 +744,9 @@ async fn the_guard_counts_the_real_replicas_and_the_budget() -> Result<()> {
         Duration::from_secs(60),
     )
     .await?;
-    eprintln!(
+    report(format!(
         "REPORT guard with real replicas: scaled to 1 -> Ignore in {down:.1}s; back to 2 -> Fail in {up:.1}s after both Ready (hold 60s); PDB deleted -> Ignore in {no_budget:.1}s"
-    );
+    ));
     Ok(())
 }
 
@@ -976,10 +992,10 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     for (event, from, to) in &windows {
         let (n, real, failures, p99, why) = window(&outcomes, *from, *to);
         let secs = to.duration_since(*from).as_secs_f64();
-        eprintln!(
+        report(format!(
             "REPORT disruption '{event}': {failures} failed of {n} creates ({real} real pods) over {secs:.0}s, p99 {:.1} ms",
             p99.as_secs_f64() * 1000.0
-        );
+        ));
         ensure!(
             n as f64 >= secs * 10.0 * 0.8,
             "'{event}': only {n} creates in {secs:.0}s (load fell below 10/s)"
@@ -1101,11 +1117,11 @@ async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         install.wait_replicas_ready(2).await?;
-        eprintln!(
+        report(format!(
             "REPORT heal ({how}): both Splice pods deleted; injected creates again after {:.1}s; {refused} of {n} creates refused meanwhile (first: {}), none admitted without the injection",
             healed.as_secs_f64(),
             first_refusal.as_deref().unwrap_or("none")
-        );
+        ));
     }
     Ok(())
 }
@@ -1214,14 +1230,14 @@ async fn uninstalling_leaves_no_admission_configuration_and_injected_pods_keep_r
             restarts == 0,
             "the app pod's containers restarted {restarts} times"
         );
-        eprintln!(
+        report(format!(
             "REPORT uninstall ({}): no admission object left; injected pod {app_pod} still Running",
             if via == Via::Helm {
                 "helm uninstall"
             } else {
                 "kubectl delete -k"
             }
-        );
+        ));
         drop((webhook, intree, ns));
     }
     Ok(())

@@ -466,6 +466,37 @@ async fn a_shutdown_delay_keeps_serving_while_not_ready() {
 }
 
 #[tokio::test]
+async fn during_the_shutdown_delay_a_pooled_connection_is_answered_then_retired_with_connection_close()
+ {
+    let mut cfg = config();
+    cfg.shutdown_delay = Duration::from_millis(800);
+    let mut server = Running::start(cfg).await;
+    let mut stream = server.connect().await;
+    let mut pending = Vec::new();
+    let body = pod_review("before", "team-a", false, SMALL_POD);
+    stream
+        .write_all(&post("/null", "application/json", body.as_bytes()))
+        .await
+        .unwrap();
+    let reply = read_reply(&mut stream, &mut pending).await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_ne!(reply.header("connection"), Some("close"));
+    server.shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The same kept-alive connection: still served, told to close, and closed.
+    let body = pod_review("during-delay", "team-a", false, SMALL_POD);
+    stream
+        .write_all(&post("/null", "application/json", body.as_bytes()))
+        .await
+        .unwrap();
+    let reply = read_reply(&mut stream, &mut pending).await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("connection"), Some("close"));
+    assert!(closes_within(&mut stream, Duration::from_millis(500)).await);
+    server.stopped().await;
+}
+
+#[tokio::test]
 async fn raw_garbage_on_the_socket_does_not_disturb_other_clients() {
     let server = Running::start(config()).await;
     for garbage in [

@@ -11,6 +11,7 @@ pub mod validate;
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hyper::server::conn::http1;
@@ -53,7 +54,10 @@ pub struct WebhookConfig {
     pub body_read_timeout: Duration,
     pub tls_handshake_timeout: Duration,
     /// After shutdown is requested, keep serving this long with readiness false, so endpoints
-    /// stop routing here before the listener closes.
+    /// stop routing here before the listener closes. Every response in this time says
+    /// `Connection: close`: a client that pooled connections to this replica (the API server
+    /// keeps them per Service name, whatever the endpoints say) retires each one after its next
+    /// request, instead of writing a request into one the drain then closes.
     pub shutdown_delay: Duration,
     /// How long in-flight requests may take to finish once the listener is closed.
     pub drain_timeout: Duration,
@@ -165,8 +169,11 @@ impl WebhookServer {
 
         let readiness = self.readiness.clone();
         let delay = self.config.shutdown_delay;
+        let closing = Arc::new(AtomicBool::new(false));
+        let closing_flag = Arc::clone(&closing);
         let stop = async move {
             shutdown.await;
+            closing_flag.store(true, Ordering::Relaxed);
             if let Some(readiness) = &readiness {
                 readiness.set_draining();
             }
@@ -197,6 +204,7 @@ impl WebhookServer {
                             self.handler.clone(),
                             self.config.clone(),
                             drain_rx.clone(),
+                            Arc::clone(&closing),
                         ));
                     }
                     Err(e) => {
@@ -233,6 +241,7 @@ async fn connection(
     handler: Handler,
     config: WebhookConfig,
     mut drain: watch::Receiver<bool>,
+    closing: Arc<AtomicBool>,
 ) {
     // Responses are single small writes; Nagle would only add latency.
     let _ = stream.set_nodelay(true);
@@ -257,10 +266,17 @@ async fn connection(
     let service = service_fn(move |request| {
         let handler = handler.clone();
         let phase = Arc::clone(&phase);
+        let closing = Arc::clone(&closing);
         async move {
             phase.busy();
-            let response = handler.handle(request).await;
+            let mut response = handler.handle(request).await;
             phase.idle();
+            if closing.load(Ordering::Relaxed) {
+                response.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, Infallible>(response)
         }
     });
