@@ -13,9 +13,9 @@ mod inject;
 mod offline;
 mod offline_diff;
 pub(crate) mod rotate;
-pub(crate) mod uninstall;
 mod run;
 mod simulate;
+pub(crate) mod uninstall;
 mod webhook;
 
 #[derive(Parser)]
