@@ -39,7 +39,7 @@ command -v openssl >/dev/null || { log "openssl is required"; exit 1; }
 
 # The null arm's server is Splice's own stack with the benchmark-only routes.
 (cd "$repo" && cargo build -q --release -p splice --features bench-baselines)
-NULL_BIN=$repo/target/release/splice
+NULL_BIN=${CARGO_TARGET_DIR:-$repo/target}/release/splice
 SPLICE_BIN=${SPLICE_BIN:-$NULL_BIN}
 "$cp_dir/build.sh" >/dev/null
 bin_dir=$("$cp_dir/build.sh" --print-bin-dir)
