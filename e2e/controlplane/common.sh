@@ -9,6 +9,10 @@ ETCD_METRICS_PORT=$((PORT_BASE + 12))
 CONTROLLER_MANAGER_PORT=$((PORT_BASE + 20))
 SCHEDULER_PORT=$((PORT_BASE + 21))
 KWOK_PORT=$((PORT_BASE + 22))
+# base+30 and +31 are the demo's `splice run` (webhook, admin).
+KUBELET_PORT=$((PORT_BASE + 40))           # the real node's kubelet, on the bridge's address
+KUBELET_HEALTHZ_PORT=$((PORT_BASE + 41))   # on 127.0.0.1
+API_RELAY_PORT=$((PORT_BASE + 42))         # pods' way to the API server, on the bridge's address
 
 die() { echo "error: $*" >&2; exit 1; }
 

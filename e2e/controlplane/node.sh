@@ -37,9 +37,6 @@ node_names() {
   NODE_IP="10.88.$NODE_OCTET.1"                # the bridge's address, the kubelet's and the relay's
   NODE_CNI_NETWORK="splice-$NODE_ID"
   NODE_CGROUP="splice-node-$NODE_ID"           # the kubelet's cgroupRoot, in every hierarchy
-  KUBELET_PORT=$((PORT_BASE + 30))
-  KUBELET_HEALTHZ_PORT=$((PORT_BASE + 31))
-  API_RELAY_PORT=$((PORT_BASE + 32))
   CONTAINERD_SOCKET="$NODE_DIR/containerd.sock"
   # Shim sockets need a short path (108 bytes with a 64-character name), so not the run folder.
   SHIM_SOCKET_DIR="/run/splice-node-$NODE_ID"
