@@ -509,6 +509,34 @@ async fn wait_guard(
     )
 }
 
+/// Seconds until the policy's `Fail` is in force (after the guard's 60 s hold from the moment
+/// both replicas were available).
+async fn fail_in_force(client: &Client, policy: &str) -> Result<f64> {
+    wait_guard(
+        client,
+        policy,
+        "Fail",
+        |r| r == "FailInForce",
+        Duration::from_secs(150),
+    )
+    .await
+}
+
+/// What most tests start from: Splice installed by the chart, a namespace labelled for the `Fail`
+/// policy `policy`, and that policy Ready and in force. Dropped in reverse: policy, namespace,
+/// Splice.
+async fn installed_with_fail_policy(
+    policy: &str,
+) -> Result<(Installed, TestNamespace, TestPolicy)> {
+    let install = Installed::helm(&[]).await?;
+    let key = format!("incluster-{}", splice_e2e::unique_suffix());
+    let ns = TestNamespace::create(policy, &[(key.as_str(), "on")]).await?;
+    let applied =
+        TestPolicy::apply(&install.client, policy, injecting_policy(&key, "Fail")).await?;
+    fail_in_force(&install.client, policy).await?;
+    Ok((install, ns, applied))
+}
+
 /// Every webhook entry of Splice's configurations points at the Service, none at a URL.
 async fn entries_use_the_service(client: &Client) -> Result<()> {
     let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -536,9 +564,9 @@ async fn entries_use_the_service(client: &Client) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run() -> Result<()> {
     let _serial = SERIAL.lock().await;
-    let install = Installed::helm(&[]).await?;
+    let (install, ns, _policy) = installed_with_fail_policy("incluster-run").await?;
     let client = install.client.clone();
-
+    entries_use_the_service(&client).await?;
     // What the chart must have made real: the budget, the ServiceAccount, the webhook guard.
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NAMESPACE);
     ensure!(
@@ -551,20 +579,6 @@ async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run
         "validatingadmissionpolicy",
         "splice-own-webhook-configurations-only",
     ])?;
-
-    let key = format!("incluster-{}", splice_e2e::unique_suffix());
-    let ns = TestNamespace::create("incluster-run", &[(key.as_str(), "on")]).await?;
-    let _policy =
-        TestPolicy::apply(&client, "incluster-run", injecting_policy(&key, "Fail")).await?;
-    entries_use_the_service(&client).await?;
-    wait_guard(
-        &client,
-        "incluster-run",
-        "Fail",
-        |r| r == "FailInForce",
-        Duration::from_secs(120),
-    )
-    .await?;
 
     let deployments: Api<Deployment> = ns.api();
     let body: Deployment = serde_json::from_value(app_deployment("app", 1))?;
@@ -687,21 +701,9 @@ async fn the_chart_installs_splice_on_the_real_node_and_injected_pods_really_run
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_guard_counts_the_real_replicas_and_the_budget() -> Result<()> {
     let _serial = SERIAL.lock().await;
-    let install = Installed::helm(&[]).await?;
-    let client = install.client.clone();
-    let key = format!("incluster-{}", splice_e2e::unique_suffix());
-    let _ns = TestNamespace::create("incluster-guard", &[(key.as_str(), "on")]).await?;
     let policy = "incluster-guard";
-    let _policy = TestPolicy::apply(&client, policy, injecting_policy(&key, "Fail")).await?;
-    // In force after the default hold (60 s) from the moment both replicas were available.
-    wait_guard(
-        &client,
-        policy,
-        "Fail",
-        |r| r == "FailInForce",
-        Duration::from_secs(150),
-    )
-    .await?;
+    let (install, _ns, _policy) = installed_with_fail_policy(policy).await?;
+    let client = install.client.clone();
 
     let scale = |n: i32| {
         let deployments = install.deployments();
@@ -726,14 +728,7 @@ async fn the_guard_counts_the_real_replicas_and_the_budget() -> Result<()> {
     .await?;
     scale(2).await?;
     install.wait_replicas_ready(2).await?;
-    let up = wait_guard(
-        &client,
-        policy,
-        "Fail",
-        |r| r == "FailInForce",
-        Duration::from_secs(150),
-    )
-    .await?;
+    let up = fail_in_force(&client, policy).await?;
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), NAMESPACE);
     pdbs.delete("splice", &DeleteParams::default()).await?;
     let no_budget = wait_guard(
@@ -844,22 +839,9 @@ fn window(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() -> Result<()> {
     let _serial = SERIAL.lock().await;
-    let install = Installed::helm(&[]).await?;
-    let client = install.client.clone();
-    let key = format!("incluster-{}", splice_e2e::unique_suffix());
-    let ns = TestNamespace::create("incluster-load", &[(key.as_str(), "on")]).await?;
     let policy = "incluster-load";
-    let _policy = TestPolicy::apply(&client, policy, injecting_policy(&key, "Fail")).await?;
-    let fail_in_force = || {
-        wait_guard(
-            &client,
-            policy,
-            "Fail",
-            |r| r == "FailInForce",
-            Duration::from_secs(150),
-        )
-    };
-    fail_in_force().await?;
+    let (install, ns, _policy) = installed_with_fail_policy(policy).await?;
+    let client = install.client.clone();
     wait_injecting(&client, &ns.name, &[], SIDECAR).await?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -908,7 +890,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("helm upgrade", start, Instant::now()));
-    fail_in_force().await?;
+    fail_in_force(&client, policy).await?;
 
     // 2. One Splice pod evicted through the Eviction API (the budget allows one).
     let start = Instant::now();
@@ -929,7 +911,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("eviction", start, Instant::now()));
-    fail_in_force().await?;
+    fail_in_force(&client, policy).await?;
 
     // 3. The leader's pod deleted.
     let start = Instant::now();
@@ -948,7 +930,7 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
     install.wait_no_terminating().await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
     windows.push(("leader pod deleted", start, Instant::now()));
-    fail_in_force().await?;
+    fail_in_force(&client, policy).await?;
 
     // 4. A CA rotation, through to its end (the old CA leaves the bundles).
     let start = Instant::now();
@@ -1017,20 +999,9 @@ async fn no_create_fails_while_splice_is_upgraded_evicted_killed_or_rotated() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
     let _serial = SERIAL.lock().await;
-    let install = Installed::helm(&[]).await?;
-    let client = install.client.clone();
-    let key = format!("incluster-{}", splice_e2e::unique_suffix());
-    let ns = TestNamespace::create("incluster-heal", &[(key.as_str(), "on")]).await?;
     let policy = "incluster-heal";
-    let _policy = TestPolicy::apply(&client, policy, injecting_policy(&key, "Fail")).await?;
-    wait_guard(
-        &client,
-        policy,
-        "Fail",
-        |r| r == "FailInForce",
-        Duration::from_secs(150),
-    )
-    .await?;
+    let (install, ns, _policy) = installed_with_fail_policy(policy).await?;
+    let client = install.client.clone();
     wait_injecting(&client, &ns.name, &[], SIDECAR).await?;
 
     let pods: Api<Pod> = ns.api();
@@ -1046,14 +1017,7 @@ async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
             },
         ),
     ] {
-        wait_guard(
-            &client,
-            policy,
-            "Fail",
-            |r| r == "FailInForce",
-            Duration::from_secs(150),
-        )
-        .await?;
+        fail_in_force(&client, policy).await?;
         let victims: Vec<String> = install
             .splice_pods()
             .await?

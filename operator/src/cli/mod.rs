@@ -73,6 +73,23 @@ impl ClusterArgs {
     }
 }
 
+/// Runs a one-shot cluster command (`rotate`, `uninstall`) to its end on a single-threaded runtime
+/// and turns its outcome into the exit code, printing `error: ...` on failure.
+pub(crate) fn run_to_exit(work: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let outcome = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))
+        .and_then(|runtime| runtime.block_on(work));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Whether the binary was started as kubectl's plugin (`kubectl-splice`, e.g. a link that
 /// `make install` creates), from its program name.
 fn invoked_as_kubectl_plugin(program: Option<&OsString>) -> bool {

@@ -92,30 +92,15 @@ pub struct Args {
 }
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(request(&args.namespace, cluster)) {
-        Ok(()) => {
-            println!(
-                "rotation requested; the leader records its progress in the \
-                 splice.dev/ca-rotation-phase annotation of Secret {}/{CA_SECRET}",
-                args.namespace
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    super::run_to_exit(async {
+        request(&args.namespace, cluster).await?;
+        println!(
+            "rotation requested; the leader records its progress in the \
+             splice.dev/ca-rotation-phase annotation of Secret {}/{CA_SECRET}",
+            args.namespace
+        );
+        Ok(())
+    })
 }
 
 async fn request(namespace: &str, cluster: &super::ClusterArgs) -> anyhow::Result<()> {

@@ -44,23 +44,7 @@ pub struct Args {
 }
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(uninstall(&args, cluster)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    super::run_to_exit(uninstall(&args, cluster))
 }
 
 async fn uninstall(args: &Args, cluster: &super::ClusterArgs) -> anyhow::Result<()> {
