@@ -72,32 +72,15 @@ def sidecar_map(api, name, arm, sidecar):
     })
 
 
-def plain_webhook(api, name, url, bundle, arm):
+def plain_webhook(api, name, client_config, bundle, arm):
+    """A webhook entry of our own for `arm`'s namespace; `client_config` is a URL (str) or a
+    Service reference (dict), called with `bundle` as the CA."""
+    target = {"url": client_config} if isinstance(client_config, str) else {"service": client_config}
     api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
         "metadata": {"name": name},
         "webhooks": [{
             "name": f"{name}.bench.splice.dev",
-            "clientConfig": {"url": url, "caBundle": bundle},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {LABEL: arm}},
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "Never",
-            "timeoutSeconds": 10,
-        }],
-    })
-
-
-def service_webhook(api, name, namespace, service, path, bundle, arm):
-    """plain_webhook's entry, called through a Service (the API server picks a ready endpoint)."""
-    api.json("POST", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations", {
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": f"{name}.bench.splice.dev",
-            "clientConfig": {"service": {"namespace": namespace, "name": service, "path": path,
-                                         "port": 443}, "caBundle": bundle},
+            "clientConfig": {**target, "caBundle": bundle},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                        "resources": ["pods"], "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {LABEL: arm}},
@@ -146,9 +129,10 @@ def setup(api, agnhost_port, agnhost_ca, null_port, cluster_agnhost=None):
     if cluster_agnhost:
         namespace_, ca = cluster_agnhost
         with open(ca, "rb") as f:
-            service_webhook(api, "bench-agnhost-cluster", namespace_, "agnhost",
-                            "/mutating-pods-sidecar", base64.b64encode(f.read()).decode(),
-                            "agnhost-cluster")
+            plain_webhook(api, "bench-agnhost-cluster",
+                          {"namespace": namespace_, "name": "agnhost",
+                           "path": "/mutating-pods-sidecar", "port": 443},
+                          base64.b64encode(f.read()).decode(), "agnhost-cluster")
 
 
 def create(api, arm):

@@ -34,6 +34,16 @@ launch() {
   echo $! > "$RUN_DIR/pids/$name.pid"
 }
 
+# stop_component NAME: stops a recorded component: TERM, up to 10 s, then KILL.
+stop_component() {
+  local f="$RUN_DIR/pids/$1.pid" pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
 # Fails (and prints the log tail) if a launched component has exited.
 check_components_alive() {
   local f name pid

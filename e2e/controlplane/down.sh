@@ -14,14 +14,7 @@ BIN_DIR=$("$here/build.sh" --print-bin-dir)
 node_down
 # Reverse start order: kwok and the controllers first, etcd last, so nothing logs a dead backend.
 order="splice kwok kube-scheduler kube-controller-manager kube-apiserver etcd"
-for name in $order; do
-  f="$RUN_DIR/pids/$name.pid"
-  [ -f "$f" ] || continue
-  pid=$(cat "$f")
-  kill -TERM "$pid" 2>/dev/null || continue
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-  kill -KILL "$pid" 2>/dev/null || true
-done
+for name in $order; do stop_component "$name"; done
 for pid in $(recorded_pids); do kill -KILL "$pid" 2>/dev/null || true; done
 if [ "${1:-}" = "--keep-logs" ]; then
   echo "control plane stopped; logs kept in $RUN_DIR/logs"

@@ -294,28 +294,18 @@ node_up() {
   node_kubelet_up
 }
 
-# Stops a recorded component: TERM, up to 10 s, then KILL.
-node_stop() {
-  local f="$RUN_DIR/pids/$1.pid" pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
-
 # Removes everything the node made, inside and outside the run folder; safe to run twice and on
 # a half-made node.
 node_down() {
   [ -f "$NODE_DIR/env" ] || return 0
   node_names
-  node_stop kubelet
+  stop_component kubelet
   # With the kubelet gone nothing recreates sandboxes: remove them through the CRI, so the CNI
   # plugins release addresses and veths and containerd unmounts netns and rootfs.
   if [ -S "$CONTAINERD_SOCKET" ] && [ -x "$BIN_DIR/nodeprobe" ]; then
     timeout 90 "$BIN_DIR/nodeprobe" remove-all "$CONTAINERD_SOCKET" >/dev/null 2>&1 || true
   fi
-  node_stop containerd
+  stop_component containerd
   # Whatever outlived that: shims of this containerd, and containers under this runc root.
   pkill -KILL -f -- "-address $CONTAINERD_SOCKET" 2>/dev/null || true
   local ns id
@@ -325,7 +315,7 @@ node_down() {
       runc --root "$ns" delete --force "$id" >/dev/null 2>&1 || true
     done
   done
-  node_stop api-relay
+  stop_component api-relay
   # Mounts under the run folder (overlay rootfs, shm, netns, volumes), deepest first.
   awk -v d="$RUN_DIR/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r |
     while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done

@@ -51,6 +51,45 @@ pub fn controlplane_bin_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8(out.stdout)?.trim()))
 }
 
+/// Runs `bin args` with the admin kubeconfig from the repository root, feeding `stdin`; returns
+/// stdout, or fails naming the command and its output.
+pub fn run_tool(bin: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    use std::io::Write as _;
+    use std::process::Stdio;
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_path())
+        .current_dir(repo_root())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed: {}{}",
+            bin.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// helm: `SPLICE_HELM` if set, else built (once, cached) by e2e/helm/build.sh.
+pub fn helm_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SPLICE_HELM") {
+        return Ok(p.into());
+    }
+    let path = run_tool(&repo_root().join("e2e/helm/build.sh"), &[], None)?;
+    Ok(path.trim().into())
+}
+
 /// The repository root (the parent of this crate).
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")

@@ -3,49 +3,11 @@
 //! helm is built from its pinned Go module (e2e/helm/build.sh), kubectl is the control plane's.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::Deserialize as _;
 use serde_json::Value;
-use splice_e2e::{controlplane_bin_dir, kubeconfig_path, repo_root};
-
-/// Runs `bin args`, feeding `stdin`, and returns stdout; a failure names the command and stderr.
-fn run(bin: &std::path::Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut child = Command::new(bin)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig_path())
-        .current_dir(repo_root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!(
-            "{} {} failed: {}{}",
-            bin.display(),
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// helm: `SPLICE_HELM` if set, else built (once, cached) by e2e/helm/build.sh.
-fn helm() -> Result<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("SPLICE_HELM") {
-        return Ok(p.into());
-    }
-    let path = run(&repo_root().join("e2e/helm/build.sh"), &[], None)?;
-    Ok(path.trim().into())
-}
+use splice_e2e::{controlplane_bin_dir, helm_bin as helm, repo_root, run_tool as run};
 
 fn kubectl() -> Result<std::path::PathBuf> {
     Ok(controlplane_bin_dir()?.join("kubectl"))

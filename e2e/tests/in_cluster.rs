@@ -9,8 +9,6 @@
 #[path = "../src/operator.rs"]
 mod operator;
 
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -26,7 +24,7 @@ use kube::{Api, Client};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
-use splice_e2e::{TestNamespace, kubeconfig_path, repo_root, wait_until};
+use splice_e2e::{TestNamespace, repo_root, wait_until};
 use tokio::sync::Mutex;
 
 const NAMESPACE: &str = "splice-system";
@@ -57,37 +55,12 @@ fn report(line: String) {
 /// One install of Splice at a time.
 static SERIAL: Mutex<()> = Mutex::const_new(());
 
-fn helm_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("SPLICE_HELM") {
-        return Ok(p.into());
-    }
-    let out = run(&repo_root().join("e2e/helm/build.sh"), &[])?;
-    Ok(out.trim().into())
-}
-
-/// Runs `bin args` with the admin kubeconfig from the repository root; stdout, or an error naming
-/// the command and its output.
 fn run(bin: &std::path::Path, args: &[&str]) -> Result<String> {
-    let out = Command::new(bin)
-        .args(args)
-        .env("KUBECONFIG", kubeconfig_path())
-        .current_dir(repo_root())
-        .output()
-        .with_context(|| format!("running {}", bin.display()))?;
-    if !out.status.success() {
-        bail!(
-            "{} {} failed: {}{}",
-            bin.display(),
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    splice_e2e::run_tool(bin, args, None)
 }
 
 fn helm(args: &[&str]) -> Result<String> {
-    run(&helm_bin()?, args)
+    run(&splice_e2e::helm_bin()?, args)
 }
 
 /// The placement the install command gives: the real node only.
@@ -249,24 +222,7 @@ impl Installed {
 
     async fn uninstall(&mut self) -> Result<()> {
         self.removed = true;
-        match self.via {
-            Via::Helm => {
-                helm(&["uninstall", "splice", "-n", NAMESPACE, "--wait"])?;
-            }
-            Via::Kustomize => {
-                kubectl(&[
-                    "delete",
-                    "-k",
-                    "e2e/overlays/real-node",
-                    "--wait=true",
-                    "--ignore-not-found",
-                ])?;
-            }
-        }
-        let _ = Api::<Namespace>::all(self.client.clone())
-            .delete(NAMESPACE, &DeleteParams::default())
-            .await;
-        wait_namespace_gone(&self.client).await
+        remove(&self.client, self.via).await
     }
 }
 
@@ -277,16 +233,31 @@ impl Drop for Installed {
         }
         let via = self.via;
         splice_e2e::in_fresh_runtime(move |client| async move {
-            let _ = match via {
-                Via::Helm => helm(&["uninstall", "splice", "-n", NAMESPACE, "--wait"]),
-                Via::Kustomize => kubectl(&["delete", "-k", "e2e/overlays/real-node"]),
-            };
-            let _ = Api::<Namespace>::all(client.clone())
-                .delete(NAMESPACE, &DeleteParams::default())
-                .await;
-            let _ = wait_namespace_gone(&client).await;
+            let _ = remove(&client, via).await;
         });
     }
+}
+
+/// Uninstalls Splice the way it was installed, then deletes its namespace and waits until it is
+/// gone (the next install needs it fresh).
+async fn remove(client: &Client, via: Via) -> Result<()> {
+    // The namespace goes even when the uninstall command failed; its error is reported after.
+    let uninstalled = match via {
+        Via::Helm => helm(&["uninstall", "splice", "-n", NAMESPACE, "--wait"]),
+        Via::Kustomize => kubectl(&[
+            "delete",
+            "-k",
+            "e2e/overlays/real-node",
+            "--wait=true",
+            "--ignore-not-found",
+        ]),
+    };
+    let _ = Api::<Namespace>::all(client.clone())
+        .delete(NAMESPACE, &DeleteParams::default())
+        .await;
+    let gone = wait_namespace_gone(client).await;
+    uninstalled?;
+    gone
 }
 
 async fn wait_namespace_gone(client: &Client) -> Result<()> {

@@ -73,6 +73,20 @@ impl ClusterArgs {
     }
 }
 
+/// `-n/--namespace`: Splice's own namespace, for the commands that act on an installed Splice
+/// (`rotate`, `uninstall`).
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct SpliceNamespace {
+    /// Splice's namespace (its CA Secret, its Deployment).
+    #[arg(
+        short = 'n',
+        long,
+        env = "SPLICE_NAMESPACE",
+        default_value = "splice-system"
+    )]
+    pub(crate) namespace: String,
+}
+
 /// Runs a one-shot cluster command (`rotate`, `uninstall`) to its end on a single-threaded runtime
 /// and turns its outcome into the exit code, printing `error: ...` on failure.
 pub(crate) fn run_to_exit(work: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {

@@ -81,23 +81,17 @@ impl CertArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Splice's namespace, where the CA Secret lives.
-    #[arg(
-        short = 'n',
-        long,
-        env = "SPLICE_NAMESPACE",
-        default_value = "splice-system"
-    )]
-    namespace: String,
+    #[command(flatten)]
+    splice: super::SpliceNamespace,
 }
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
     super::run_to_exit(async {
-        request(&args.namespace, cluster).await?;
+        request(&args.splice.namespace, cluster).await?;
         println!(
             "rotation requested; the leader records its progress in the \
              splice.dev/ca-rotation-phase annotation of Secret {}/{CA_SECRET}",
-            args.namespace
+            args.splice.namespace
         );
         Ok(())
     })

@@ -27,14 +27,8 @@ use splice_crds::{MANAGED_BY_LABEL, MANAGER};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Splice's namespace.
-    #[arg(
-        short = 'n',
-        long,
-        env = "SPLICE_NAMESPACE",
-        default_value = "splice-system"
-    )]
-    namespace: String,
+    #[command(flatten)]
+    splice: super::SpliceNamespace,
     /// Splice's Deployment, scaled to 0 first.
     #[arg(long, env = "SPLICE_DEPLOYMENT_NAME", default_value = "splice")]
     deployment_name: String,
@@ -49,7 +43,7 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
 
 async fn uninstall(args: &Args, cluster: &super::ClusterArgs) -> anyhow::Result<()> {
     let client = cluster.client().await?;
-    let ns = &args.namespace;
+    let ns = &args.splice.namespace;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
     let name = &args.deployment_name;
     let Some(deployment) = deployments

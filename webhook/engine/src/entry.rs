@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use sha2::{Digest, Sha256};
 use splice_crds::{FailurePolicy, InjectionPolicySpec, Operation};
 
@@ -245,8 +245,21 @@ fn one_object_selector<'s>(mut specs: impl Iterator<Item = &'s InjectionPolicySp
     let Some(first) = specs.next() else {
         return true;
     };
-    let first = canonical(first.object_selector.as_ref());
-    specs.all(|s| canonical(s.object_selector.as_ref()) == first)
+    specs.all(|s| same_selector(first.object_selector.as_ref(), s.object_selector.as_ref()))
+}
+
+/// `canonical(a) == canonical(b)` without building either: [`selection`] runs on every admission
+/// request, where a clone and a JSON rendering per member per call would be waste.
+fn same_selector(a: Option<&LabelSelector>, b: Option<&LabelSelector>) -> bool {
+    fn labels(s: Option<&LabelSelector>) -> Option<&BTreeMap<String, String>> {
+        s.and_then(|s| s.match_labels.as_ref())
+            .filter(|m| !m.is_empty())
+    }
+    fn expressions(s: Option<&LabelSelector>) -> Option<&Vec<LabelSelectorRequirement>> {
+        s.and_then(|s| s.match_expressions.as_ref())
+            .filter(|e| !e.is_empty())
+    }
+    labels(a) == labels(b) && expressions(a) == expressions(b)
 }
 
 /// Who decides the selectors for one call of an entry. An entry carries its policies' common
@@ -276,6 +289,48 @@ fn terms_id(instance: &str, terms: &Terms) -> String {
 mod tests {
     use super::*;
     use splice_crds::ReinvocationPolicy;
+
+    #[test]
+    fn same_selector_agrees_with_the_canonical_text() {
+        let labels = |pairs: &[(&str, &str)]| LabelSelector {
+            match_labels: Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..LabelSelector::default()
+        };
+        let exists = LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "k".into(),
+                operator: "Exists".into(),
+                values: None,
+            }]),
+            ..LabelSelector::default()
+        };
+        let empty_lists = LabelSelector {
+            match_labels: Some(BTreeMap::new()),
+            match_expressions: Some(Vec::new()),
+        };
+        let all = [
+            None,
+            Some(LabelSelector::default()),
+            Some(empty_lists),
+            Some(labels(&[("a", "1")])),
+            Some(labels(&[("a", "2")])),
+            Some(exists),
+        ];
+        for a in &all {
+            for b in &all {
+                assert_eq!(
+                    same_selector(a.as_ref(), b.as_ref()),
+                    canonical(a.as_ref()) == canonical(b.as_ref()),
+                    "{a:?} vs {b:?}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn a_path_reads_back_the_names_it_was_built_from_in_order() {
