@@ -146,40 +146,48 @@ impl Installed {
     }
 
     /// Waits until the Deployment has exactly `n` updated, Ready replicas and no others, each on
-    /// the real node.
+    /// the real node. The pods are part of the wait: right after a replica is deleted, the
+    /// Deployment's status can still read `n` Ready while its replacement is not yet scheduled.
     async fn wait_replicas_ready(&self, n: i32) -> Result<()> {
         let deployments = self.deployments();
+        let real = real_node(&self.client).await?;
         wait_until(
             Duration::from_secs(180),
-            &format!("{n} Ready Splice replicas"),
+            &format!("{n} Ready Splice replicas on the real node"),
             || {
                 let deployments = deployments.clone();
+                let real = real.clone();
                 async move {
                     let Some(d) = deployments.get_opt("splice").await? else {
                         return Ok(false);
                     };
                     let generation = d.metadata.generation;
                     let s = d.status.unwrap_or_default();
-                    Ok(s.observed_generation == generation
+                    let settled = s.observed_generation == generation
                         && s.replicas == Some(n)
                         && s.updated_replicas == Some(n)
                         && s.ready_replicas == Some(n)
-                        && s.available_replicas == Some(n))
+                        && s.available_replicas == Some(n);
+                    if !settled {
+                        return Ok(false);
+                    }
+                    let pods = self.splice_pods().await?;
+                    for pod in &pods {
+                        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+                        // Bound elsewhere is a wrong placement, not a pod still on its way.
+                        if let Some(node) = node.filter(|node| *node != real) {
+                            bail!(
+                                "Splice pod {} runs on {node}, not the real node {real}",
+                                pod.metadata.name.clone().unwrap_or_default()
+                            );
+                        }
+                    }
+                    Ok(pods.len() == n as usize && pods.iter().all(|p| ready_on(p, &real)))
                 }
             },
         )
         .await
-        .with_context(|| self.diagnose())?;
-        let real = real_node(&self.client).await?;
-        for pod in self.splice_pods().await? {
-            let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-            ensure!(
-                node == real,
-                "Splice pod {} runs on {node}, not the real node {real}",
-                pod.metadata.name.unwrap_or_default()
-            );
-        }
-        Ok(())
+        .with_context(|| self.diagnose())
     }
 
     /// What a failed wait shows: Splice's pods and their states.
@@ -271,6 +279,19 @@ async fn wait_namespace_gone(client: &Client) -> Result<()> {
         },
     )
     .await
+}
+
+/// Whether `pod` has the condition Ready=True.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Whether `pod` is bound to `node` and Ready.
+fn ready_on(pod: &Pod, node: &str) -> bool {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) && is_ready(pod)
 }
 
 /// The name of the one real node.
@@ -1024,15 +1045,7 @@ async fn the_cluster_heals_after_both_splice_pods_are_deleted() -> Result<()> {
                         .await?
                         .items;
                     let name = |p: &Pod| p.metadata.name.clone().unwrap_or_default();
-                    let ready = |p: &Pod| {
-                        p.status
-                            .as_ref()
-                            .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|c| {
-                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
-                            })
-                    };
-                    if now.iter().all(|p| !victims.contains(&name(p))) && now.iter().any(ready) {
+                    if now.iter().all(|p| !victims.contains(&name(p))) && now.iter().any(is_ready) {
                         break start.elapsed();
                     }
                 }
