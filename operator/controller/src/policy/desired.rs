@@ -4,7 +4,7 @@
 //! ([`World`]) and calls no API.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -13,6 +13,7 @@ use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus};
 use super::conditions::{FailurePolicyDecision, effective_failure_policy};
 use super::conflicts::{Conflict, conflicts_of};
 use super::intree::{self, ModeDecision};
+use super::neighbours::Stamp;
 use super::serving::{InForce, ServedSpecs, in_force};
 use crate::guard::GuardStatus;
 use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
@@ -45,8 +46,9 @@ pub struct Desired<'p> {
     pub plan: Plan,
     /// The entry that serves this policy, when a webhook does.
     pub group: Option<Group>,
-    /// The policies whose reconcile a change of this one can change (conflicts, entry partners).
-    pub partners: BTreeSet<String>,
+    /// The policies whose reconcile a change of this one can change (conflicts, entry partners),
+    /// each with the version of it this decision read.
+    pub partners: BTreeMap<String, Stamp>,
     /// The configuration the status names: the entry's, else the one that served it so far.
     pub configuration: String,
 }
@@ -74,13 +76,24 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
     let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
     let plan = plan_entries(world, policy, serves.then_some(&served.spec));
     let group = plan.group_of(&name).cloned();
-    let mut partners: BTreeSet<String> = conflicts.iter().map(|c| c.other.clone()).collect();
-    partners.extend(
+    let mut names: BTreeSet<&str> = conflicts.iter().map(|c| c.other.as_str()).collect();
+    names.extend(
         group
             .iter()
-            .flat_map(|g| g.members.iter().map(|m| m.name.clone())),
+            .flat_map(|g| g.members.iter().map(|m| m.name.as_str())),
     );
-    partners.remove(&name);
+    names.remove(name.as_str());
+    let partners = world
+        .policies
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| names.contains(n))
+        })
+        .map(|p| (p.name_any(), Stamp::of(p)))
+        .collect();
     let configuration = match &group {
         Some(g) => g.configuration.clone(),
         None => world
@@ -189,7 +202,10 @@ mod tests {
         let group = d.group.expect("an entry");
         assert!(group.is_shared(), "{:?}", group.names());
         assert_eq!(d.configuration, group.configuration);
-        assert_eq!(d.partners, BTreeSet::from(["b".to_owned()]));
+        assert_eq!(
+            d.partners.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from(["b".to_owned()])
+        );
     }
 
     #[test]
@@ -252,6 +268,6 @@ mod tests {
         let all = [Arc::clone(&a), Arc::new(b)];
         let d = decide(&a, &all, &GuardStatus::not_observed(), None);
         assert_eq!(d.conflicts.len(), 1, "{:?}", d.conflicts);
-        assert!(d.partners.contains("b"));
+        assert!(d.partners.contains_key("b"));
     }
 }

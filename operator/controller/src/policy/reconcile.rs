@@ -103,7 +103,8 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         },
     );
     drop(all);
-    ctx.neighbours.observed(policy, desired.partners.clone());
+    ctx.neighbours
+        .observed(policy, desired.partners.clone(), &desired.plan);
     let acted = act(ctx, policy, &desired).await?;
     report(ctx, policy, &desired, acted).await
 }
