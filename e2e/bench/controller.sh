@@ -66,7 +66,7 @@ splice_pid=$!
 wait_splice_ready "$admin" "$splice_log"
 
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
-  --splice-pid "$splice_pid" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
+  --splice-pid "$splice_pid" --admin "$admin" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \
   --idle "${IDLE:-120}" --changes "${CHANGES:-30}" --threads "${THREADS:-16}" \
   --splice-bin "$SPLICE_BIN" ${OUT:+--out "$OUT"} ${ROTATION:+--rotation "$ROTATION"} \
   --probe "${PROBE:-1}" --intree "${INTREE:-${POLICIES:-1000}}"
