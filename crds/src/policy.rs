@@ -197,6 +197,14 @@ fn default_rollout_timeout() -> String {
     "5m".to_owned()
 }
 
+/// A policy annotation (any value; `kubectl splice rollout halt` writes the time) that halts its
+/// rollout: nothing more is restarted while it is there.
+pub const ROLLOUT_HALT_ANNOTATION: &str = "splice.dev/rollout-halt";
+/// A policy annotation, `<revision>@<RFC 3339 time>` (`kubectl splice rollout resume` writes
+/// it), that lifts a halt of that revision recorded before that time: workloads that failed
+/// before it no longer halt the rollout.
+pub const ROLLOUT_RESUME_ANNOTATION: &str = "splice.dev/rollout-resume";
+
 /// The pod-template annotation a restart sets to its time (RFC 3339), like `kubectl rollout
 /// restart`'s `kubectl.kubernetes.io/restartedAt`.
 pub const RESTARTED_AT_ANNOTATION: &str = "splice.dev/restartedAt";
@@ -436,9 +444,12 @@ pub struct RolloutStatus {
     /// Outdated or missed pods no workload restart can replace (bare pods, Job pods): recreate
     /// them by hand.
     pub manual: i64,
-    /// The workload that halted the rollout, `<kind>/<namespace>/<name>`.
+    /// What halted the rollout: a workload, `<kind>/<namespace>/<name>`, or a halt request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted_by: Option<String>,
+    /// When it halted (RFC 3339); a resume requested later lifts the halt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_at: Option<String>,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

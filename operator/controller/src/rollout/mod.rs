@@ -27,8 +27,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
     ConditionStatus, InjectionPolicy, InjectionPolicyStatus, RESTARTED_AT_ANNOTATION,
-    RESTARTED_FOR_ANNOTATION, RolloutPhase, RolloutStatus, STATUS_ANNOTATION, condition,
-    set_condition,
+    RESTARTED_FOR_ANNOTATION, ROLLOUT_HALT_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
+    RolloutStatus, STATUS_ANNOTATION, condition, set_condition,
 };
 use splice_engine::Exclusions;
 use splice_engine::selector::Selector;
@@ -185,7 +185,10 @@ struct Candidate {
     policy: Arc<InjectionPolicy>,
     compiled: Arc<splice_engine::CompiledPolicy>,
     limits: Limits,
-    halted_by: Option<String>,
+    /// A halt recorded in status, not lifted by a resume: (by, at).
+    halt: Option<(String, Option<Timestamp>)>,
+    held: bool,
+    resumed_at: Option<Timestamp>,
 }
 
 impl Loop {
@@ -238,12 +241,30 @@ impl Loop {
                     // The generation this replica's webhook serves: what new pods get.
                     let compiled = served.get(&policy.name_any())?;
                     let revision = compiled.template_hash();
-                    let halted_by = policy
+                    let annotations = policy.annotations();
+                    let resumed_at = annotations
+                        .get(ROLLOUT_RESUME_ANNOTATION)
+                        .and_then(|v| v.split_once('@'))
+                        .filter(|(r, _)| *r == revision)
+                        .and_then(|(_, at)| at.parse::<Timestamp>().ok());
+                    let held = annotations.contains_key(ROLLOUT_HALT_ANNOTATION);
+                    // A halt recorded in status holds until a resume requested after it.
+                    let halt = policy
                         .status
                         .as_ref()
                         .and_then(|s| s.rollout.as_ref())
                         .filter(|r| r.phase == RolloutPhase::Halted && r.revision == revision)
-                        .and_then(|r| r.halted_by.clone());
+                        .and_then(|r| {
+                            let at = r.halted_at.as_deref().and_then(|t| t.parse().ok());
+                            let lifted = match (at, resumed_at) {
+                                (Some(at), Some(resumed)) => resumed > at,
+                                (None, Some(_)) => true,
+                                _ => false,
+                            };
+                            let by = r.halted_by.clone()?;
+                            // A requested halt is the annotation's; it ends with it.
+                            (!lifted && by != plan::HALT_REQUESTED).then_some((by, at))
+                        });
                     let limits = Limits {
                         max_concurrent: usize::try_from(rollout.max_concurrent).unwrap_or(1),
                         max_per_namespace: usize::try_from(rollout.max_concurrent_per_namespace)
@@ -255,7 +276,9 @@ impl Loop {
                         policy,
                         compiled,
                         limits,
-                        halted_by,
+                        halt,
+                        held,
+                        resumed_at,
                     })
                 })
                 .collect();
@@ -281,7 +304,10 @@ impl Loop {
                     policy: name,
                     revision: c.compiled.template_hash(),
                     limits: c.limits,
-                    halted_by: c.halted_by.as_deref(),
+                    halted_by: c.halt.as_ref().map(|(by, _)| by.as_str()),
+                    halted_at: c.halt.as_ref().and_then(|(_, at)| *at),
+                    held: c.held,
+                    resumed_at: c.resumed_at,
                     pods: coverage::classify(
                         &c.compiled,
                         coverage::in_force_since(&c.policy),
@@ -483,7 +509,7 @@ impl Loop {
                 None => String::new(),
             };
             let note = format!(
-                "Rollout of revision {} halted: {failed} did not become fully available within {}s of its restart{detail}. Nothing more is restarted until the template changes.",
+                "Rollout of revision {} halted: {failed} did not become fully available within {}s of its restart{detail}. Nothing more is restarted until the template changes or `kubectl splice rollout resume`.",
                 plan.revision,
                 policy
                     .spec
@@ -535,11 +561,19 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
                 manual_note(s.manual)
             ),
         ),
+        RolloutPhase::Halted if s.halted_by.as_deref() == Some(plan::HALT_REQUESTED) => (
+            ConditionStatus::False,
+            "Halted",
+            format!(
+                "revision {}: halted on request (annotation {ROLLOUT_HALT_ANNOTATION}); `kubectl splice rollout resume` continues",
+                s.revision
+            ),
+        ),
         RolloutPhase::Halted => (
             ConditionStatus::False,
             "Halted",
             format!(
-                "revision {}: {} did not become fully available within the timeout; nothing more is restarted until the template changes",
+                "revision {}: {} did not become fully available within the timeout; nothing more is restarted until the template changes or `kubectl splice rollout resume`",
                 s.revision,
                 s.halted_by.as_deref().unwrap_or("a workload")
             ),

@@ -150,9 +150,15 @@ pub struct PolicyInput<'a> {
     /// The template hash the webhook injects now.
     pub revision: &'a str,
     pub limits: Limits,
-    /// The workload that halted this revision's rollout before, as `status.rollout` says: a
-    /// halted rollout stays halted until the revision changes.
+    /// What halted this revision's rollout before and when, as `status.rollout` says (unless a
+    /// resume came after): a halted rollout stays halted until the revision changes.
     pub halted_by: Option<&'a str>,
+    pub halted_at: Option<Timestamp>,
+    /// A halt requested on the policy (`splice.dev/rollout-halt`).
+    pub held: bool,
+    /// When a resume of this revision was requested: workloads restarted before it that
+    /// failed no longer halt the rollout.
+    pub resumed_at: Option<Timestamp>,
     /// The policy's pods that are outdated or missed, in the namespaces it selects.
     pub pods: Vec<PodNeeding<'a>>,
 }
@@ -177,6 +183,8 @@ enum Standing {
     Restarting,
     Done,
     Failed,
+    /// Failed, restarted before a resume: counted, but halts nothing.
+    FailedBeforeResume,
 }
 
 /// What to do for one policy, and its status once done.
@@ -190,6 +198,9 @@ pub struct Plan {
     pub newly_failed: Option<WorkloadRef>,
     pub status: RolloutStatus,
 }
+
+/// `haltedBy` of a rollout halted by `splice.dev/rollout-halt`.
+pub const HALT_REQUESTED: &str = "halt requested";
 
 /// The restart annotation's value for a policy's revision.
 pub fn restarted_for(policy: &str, revision: &str) -> String {
@@ -248,10 +259,11 @@ pub fn plan(
                     status.failed += 1;
                     first_failed.get_or_insert(i);
                 }
+                Standing::FailedBeforeResume => status.failed += 1,
                 Standing::Needs => status.outdated += 1,
             }
         }
-        let halted = p.halted_by.is_some() || first_failed.is_some();
+        let halted = p.held || p.halted_by.is_some() || first_failed.is_some();
         let mut restart = Vec::new();
         let mut waiting = Vec::new();
         let mut free = p
@@ -304,8 +316,16 @@ pub fn plan(
         status.halted_by = match (p.halted_by, first_failed) {
             (Some(before), _) => Some(before.to_owned()),
             (None, Some(i)) => Some(workloads[i].id.to_string()),
-            (None, None) => None,
+            (None, None) => p.held.then(|| HALT_REQUESTED.to_owned()),
         };
+        if status.halted_by.is_some() {
+            let at = if p.halted_by.is_some() {
+                p.halted_at.unwrap_or(now)
+            } else {
+                now
+            };
+            status.halted_at = Some(at.to_string());
+        }
         let newly_failed = match (p.halted_by, first_failed) {
             (None, Some(i)) => Some(workloads[i].id.clone()),
             _ => None,
@@ -345,8 +365,14 @@ fn stand(
                     .ok()
             })
             .is_some_and(|deadline| now > deadline);
+        let before_resume = match (w.restarted_at, p.resumed_at) {
+            (Some(at), Some(resumed)) => at <= resumed,
+            _ => false,
+        };
         let s = if w.settled {
             Standing::Done
+        } else if timed_out && before_resume {
+            Standing::FailedBeforeResume
         } else if timed_out {
             Standing::Failed
         } else {
@@ -468,6 +494,9 @@ mod tests {
             revision: "r2",
             limits,
             halted_by: None,
+            halted_at: None,
+            held: false,
+            resumed_at: None,
             pods: pods.needing(),
         }
     }
@@ -578,6 +607,9 @@ mod tests {
             revision: "x",
             limits: limits(1, 1),
             halted_by: None,
+            halted_at: None,
+            held: false,
+            resumed_at: None,
             pods: other_pods.needing(),
         };
         let plans = plan(
@@ -680,6 +712,47 @@ mod tests {
         assert!(p.restart.is_empty());
         assert_eq!(p.status.phase, RolloutPhase::Halted);
         assert_eq!(p.newly_failed, None, "the halt was reported before");
+    }
+
+    #[test]
+    fn a_halt_request_restarts_nothing_and_reads_halted() {
+        let workloads = [deployment("a", "w")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let mut i = input(&pods, limits(5, 5));
+        i.held = true;
+        let p = one(i, &workloads, 10);
+        assert!(p.restart.is_empty());
+        assert_eq!(p.status.phase, RolloutPhase::Halted);
+        assert_eq!(p.status.halted_by.as_deref(), Some(HALT_REQUESTED));
+        assert_eq!(p.newly_failed, None, "no workload failed");
+    }
+
+    #[test]
+    fn after_a_resume_a_workload_that_failed_before_it_no_longer_halts() {
+        let workloads = [
+            restarted(deployment("a", "stuck"), "r2", NOW - 400, false),
+            deployment("b", "next"),
+        ];
+        let pods = Pods::of(&workloads[1..], PodNeed::Outdated);
+        let mut i = input(&pods, limits(5, 5));
+        i.resumed_at = Some(ts(NOW - 10));
+        let p = one(i, &workloads, 10);
+        assert_eq!(names(&p.restart), ["Deployment/b/next"]);
+        assert_eq!(p.status.failed, 1);
+        assert_eq!(p.status.phase, RolloutPhase::Rolling);
+    }
+
+    #[test]
+    fn a_halt_keeps_the_time_it_was_first_recorded() {
+        let workloads = [restarted(deployment("a", "stuck"), "r2", NOW - 400, false)];
+        let pods = Pods(vec![]);
+        let mut i = input(&pods, limits(5, 5));
+        i.halted_by = Some("Deployment/a/stuck");
+        i.halted_at = Some(ts(NOW - 50));
+        let p = one(i, &workloads, 10);
+        assert_eq!(p.status.halted_at, Some(ts(NOW - 50).to_string()));
+        let p = one(input(&pods, limits(5, 5)), &workloads, 10);
+        assert_eq!(p.status.halted_at, Some(ts(NOW).to_string()), "halted now");
     }
 
     #[test]
