@@ -94,7 +94,122 @@ pub struct InjectionPolicySpec {
     /// What is injected.
     #[serde(default)]
     pub template: InjectionTemplate,
+
+    /// Opt-in: restart the Deployments, StatefulSets and DaemonSets whose pods carry an outdated
+    /// injection of this policy (or miss it, with `repairMissed`), under a budget. Absent:
+    /// nothing is restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
 }
+
+/// Longest `spec.rollout.timeout` accepted (24 h), so a typo cannot park a rollout for weeks.
+pub const MAX_ROLLOUT_TIMEOUT_SECONDS: u64 = 24 * 3600;
+
+/// How template changes reach running pods: which workloads restart, how many at once, and when
+/// the rollout halts.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.canary)")
+    .message("not yet supported: the canary stage is reserved for a later version; remove rollout.canary")
+    .field_path(".canary"))]
+pub struct Rollout {
+    /// This policy's workloads restarting at once.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_concurrent: i32,
+
+    /// This policy's workloads restarting at once in one namespace.
+    #[serde(default = "default_one")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_concurrent_per_namespace: i32,
+
+    /// How long a restarted workload may take to be fully available on its new pods (a
+    /// duration such as `45s`, `5m`, `1h30m`; at least 1s, at most 24h). A workload that takes
+    /// longer halts the policy's rollout.
+    #[serde(default = "default_rollout_timeout")]
+    #[schemars(length(min = 2, max = 24))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]{1,5}h)?([0-9]{1,5}m)?([0-9]{1,5}s)?$')")
+        .message("must be a duration of h, m and s units in that order, e.g. 45s, 5m, 1h30m"))]
+    pub timeout: String,
+
+    /// Also restart workloads with pods the policy missed (admitted without its injection, e.g.
+    /// while the webhook was unreachable under `Ignore`).
+    #[serde(default)]
+    pub repair_missed: bool,
+
+    /// Reserved: a canary stage. Not yet supported; refused at apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Rollout {
+            max_concurrent: 1,
+            max_concurrent_per_namespace: 1,
+            timeout: default_rollout_timeout(),
+            repair_missed: false,
+            canary: None,
+        }
+    }
+}
+
+impl Rollout {
+    /// `timeout` as a duration; `None` when it does not parse or is out of bounds (the schema
+    /// refuses such a value at apply).
+    pub fn timeout(&self) -> Option<std::time::Duration> {
+        parse_duration(&self.timeout)
+            .filter(|d| d.as_secs() >= 1 && d.as_secs() <= MAX_ROLLOUT_TIMEOUT_SECONDS)
+    }
+}
+
+/// Parses `1h2m3s`-style durations (each unit at most once, in that order, at least one).
+pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
+    let mut rest = text;
+    let mut total: u64 = 0;
+    let mut any = false;
+    for (unit, seconds) in [('h', 3600u64), ('m', 60), ('s', 1)] {
+        if let Some(i) = rest.find(unit) {
+            let n: u64 = rest.get(..i)?.parse().ok()?;
+            total = total.checked_add(n.checked_mul(seconds)?)?;
+            rest = rest.get(i + 1..)?;
+            any = true;
+        }
+    }
+    (any && rest.is_empty()).then(|| std::time::Duration::from_secs(total))
+}
+
+/// The canary stage's selectors (reserved).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Canary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_selector: Option<LabelSelector>,
+}
+
+fn default_one() -> i32 {
+    1
+}
+
+fn default_rollout_timeout() -> String {
+    "5m".to_owned()
+}
+
+/// A policy annotation (any value; `kubectl splice rollout halt` writes the time) that halts its
+/// rollout: nothing more is restarted while it is there.
+pub const ROLLOUT_HALT_ANNOTATION: &str = "splice.dev/rollout-halt";
+/// A policy annotation, `<revision>@<RFC 3339 time>` (`kubectl splice rollout resume` writes
+/// it), that lifts a halt of that revision recorded before that time: workloads that failed
+/// before it no longer halt the rollout.
+pub const ROLLOUT_RESUME_ANNOTATION: &str = "splice.dev/rollout-resume";
+
+/// The pod-template annotation a restart sets to its time (RFC 3339), like `kubectl rollout
+/// restart`'s `kubectl.kubernetes.io/restartedAt`.
+pub const RESTARTED_AT_ANNOTATION: &str = "splice.dev/restartedAt";
+/// The pod-template annotation naming what a restart was for: `<policy>@<revision>`.
+pub const RESTARTED_FOR_ANNOTATION: &str = "splice.dev/restartedFor";
 
 /// The content a policy injects. String values may hold `{{ … }}` expressions over `pod`,
 /// `namespace`, `policy` and `values`.
@@ -303,6 +418,63 @@ pub struct InjectionPolicyStatus {
     /// result changes; the Verified condition says the same in words).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeStatus>,
+
+    /// The rollout of the current revision to running workloads, when `spec.rollout` is set
+    /// (written by field manager `splice-rollout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// Where the rollout of one revision stands. Counts are workloads (Deployments, StatefulSets,
+/// DaemonSets), except `manual`, which counts pods.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The template hash being rolled out.
+    pub revision: String,
+    pub phase: RolloutPhase,
+    /// Workloads with outdated (or, with repairMissed, missed) pods not restarted yet.
+    pub outdated: i64,
+    /// Restarted for this revision and not fully available yet, within the timeout.
+    pub restarting: i64,
+    /// Restarted for this revision and fully available.
+    pub done: i64,
+    /// Restarted for this revision and not fully available within the timeout.
+    pub failed: i64,
+    /// Outdated or missed pods no workload restart can replace (bare pods, Job pods): recreate
+    /// them by hand.
+    pub manual: i64,
+    /// What halted the rollout: a workload, `<kind>/<namespace>/<name>`, or a halt request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_by: Option<String>,
+    /// When it halted (RFC 3339); a resume requested later lifts the halt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted_at: Option<String>,
+}
+
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RolloutPhase {
+    /// Nothing to restart.
+    #[default]
+    Idle,
+    /// Workloads are restarting or wait for the budget.
+    Rolling,
+    /// Every workload that needed it was restarted and is fully available.
+    Complete,
+    /// A restarted workload did not become available within the timeout; nothing more is
+    /// restarted until the template changes.
+    Halted,
+}
+
+impl RolloutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutPhase::Idle => "Idle",
+            RolloutPhase::Rolling => "Rolling",
+            RolloutPhase::Complete => "Complete",
+            RolloutPhase::Halted => "Halted",
+        }
+    }
 }
 
 /// The admission probe's result for one policy. Rewritten only when the result, the namespaces
@@ -397,4 +569,6 @@ pub mod condition {
     pub const IN_TREE: &str = "InTree";
     /// Set by the admission probe (field manager `splice-probe`), never by the reconciler.
     pub const VERIFIED: &str = "Verified";
+    /// Set by the rollout (field manager `splice-rollout`) when `spec.rollout` is set.
+    pub const ROLLED_OUT: &str = "RolledOut";
 }

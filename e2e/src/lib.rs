@@ -461,3 +461,36 @@ impl Drop for WebhookConfigurationGuard {
         });
     }
 }
+
+/// The label (and taint) of the one real node `make up` starts.
+pub const NODE_LABEL: &str = "e2e.splice.dev/node";
+
+/// The name of the one real node.
+pub async fn real_node(client: &Client) -> Result<String> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let list = nodes
+        .list(&kube::api::ListParams::default().labels(&format!("{NODE_LABEL}=real")))
+        .await?;
+    anyhow::ensure!(
+        list.items.len() == 1,
+        "expected one node labelled {NODE_LABEL}=real (make up starts it), found {}",
+        list.items.len()
+    );
+    Ok(list.items[0].metadata.name.clone().unwrap_or_default())
+}
+
+/// Prints a measured figure and appends it to target/e2e-logs/<file>-report.txt, which outlives
+/// the run (cargo test hides a passing test's output).
+pub fn report(file: &str, line: String) {
+    eprintln!("{line}");
+    let dir = repo_root().join("target/e2e-logs");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{file}-report.txt")))
+    {
+        use std::io::Write as _;
+        let _ = writeln!(f, "{line}");
+    }
+}

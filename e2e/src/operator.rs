@@ -638,3 +638,13 @@ pub async fn warning_events(client: &Client, policy: &str, reason: &str) -> Resu
         })
         .count())
 }
+
+/// Who holds the leader Lease `splice-leader` of `leases`' namespace.
+pub async fn lease_holder(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+) -> Result<Option<String>> {
+    Ok(leases
+        .get_opt("splice-leader")
+        .await?
+        .and_then(|l| l.spec?.holder_identity))
+}

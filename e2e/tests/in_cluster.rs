@@ -17,18 +17,17 @@ use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, EvictParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
-use splice_e2e::{TestNamespace, repo_root, wait_until};
+use splice_e2e::{NODE_LABEL, TestNamespace, real_node, wait_until};
 use tokio::sync::Mutex;
 
 const NAMESPACE: &str = "splice-system";
-const NODE_LABEL: &str = "e2e.splice.dev/node";
 const TESTAPP: &str = "splice-testapp:e2e";
 /// The injected items every test's policy adds, each of which must appear exactly once.
 const INIT: &str = "splice-init";
@@ -36,20 +35,8 @@ const SIDECAR: &str = "splice-sidecar";
 const VOLUME: &str = "splice-shared";
 const ENV: &str = "SPLICE_INJECTED";
 
-/// Prints a measured figure and appends it to target/e2e-logs/in_cluster-report.txt, which
-/// outlives the run (cargo test hides a passing test's output).
 fn report(line: String) {
-    eprintln!("{line}");
-    let dir = repo_root().join("target/e2e-logs");
-    let _ = std::fs::create_dir_all(&dir);
-    if let Ok(mut file) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("in_cluster-report.txt"))
-    {
-        use std::io::Write as _;
-        let _ = writeln!(file, "{line}");
-    }
+    splice_e2e::report("in_cluster", line);
 }
 
 /// One install of Splice at a time.
@@ -292,20 +279,6 @@ fn is_ready(pod: &Pod) -> bool {
 /// Whether `pod` is bound to `node` and Ready.
 fn ready_on(pod: &Pod, node: &str) -> bool {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) && is_ready(pod)
-}
-
-/// The name of the one real node.
-async fn real_node(client: &Client) -> Result<String> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let list = nodes
-        .list(&ListParams::default().labels(&format!("{NODE_LABEL}=real")))
-        .await?;
-    ensure!(
-        list.items.len() == 1,
-        "expected one node labelled {NODE_LABEL}=real (make up starts it), found {}",
-        list.items.len()
-    );
-    Ok(list.items[0].metadata.name.clone().unwrap_or_default())
 }
 
 /// A policy injecting an init container that exits 0, a native sidecar serving /healthz, a shared

@@ -143,10 +143,7 @@ fn signal(splice: &Splice, name: &str) -> Result<()> {
 }
 
 async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
-    Ok(leases
-        .get_opt("splice-leader")
-        .await?
-        .and_then(|l| l.spec?.holder_identity))
+    lease_holder(leases).await
 }
 
 #[tokio::test]

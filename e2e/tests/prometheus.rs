@@ -205,6 +205,8 @@ async fn prometheus_scrapes_every_contract_metric_and_fires_the_coverage_alert_w
     let mut spec = sidecar_spec(&setup.instance, "mesh-proxy", "registry.invalid/proxy:1");
     spec["objectSelector"] = json!({"matchLabels": {"app": "web"}});
     spec["operations"] = json!(["CREATE", "UPDATE"]);
+    // A rollout, so its gauge is exported too (its only pod is bare: counted manual).
+    spec["rollout"] = json!({});
     setup.apply(&name, spec).await?;
     let ready = wait_policy(&setup.client, &name, "True", Duration::from_secs(60)).await?;
     wait_injecting(&setup.client, &app.name, &[("app", "web")], "mesh-proxy").await?;

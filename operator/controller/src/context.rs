@@ -44,6 +44,8 @@ pub struct Settings {
     pub guard: guard::GuardConfig,
     /// How often the leader's admission probe verifies each policy; `None` turns it off.
     pub probe_interval: Option<Duration>,
+    /// Cluster-wide cap on workloads the rollout restarts at once, across all policies.
+    pub rollout_max_concurrent: usize,
 }
 
 /// What every reconcile reads and shares.
@@ -245,6 +247,7 @@ pub(crate) mod tests {
                 hold: Duration::from_secs(60),
             },
             probe_interval: Some(Duration::from_secs(60)),
+            rollout_max_concurrent: crate::rollout::DEFAULT_MAX_CONCURRENT,
         }
     }
 }

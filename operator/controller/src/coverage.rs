@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+pub use crate::rollout::plan::PodOwner;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -53,6 +54,8 @@ pub struct PodRecord {
     pub created: Option<Timestamp>,
     /// (policy, template hash) for each entry of `splice.dev/status`.
     pub injected: Vec<(String, String)>,
+    /// The kind of its controller, so the rollout knows which workload can replace it.
+    pub owner: PodOwner,
 }
 
 impl PodRecord {
@@ -71,24 +74,32 @@ pub struct Count {
     pub missed_examples: Vec<String>,
 }
 
-/// Counts the pods `policy` selects. `in_force_since` is when its webhook configuration was put
-/// in force (`None`: it is not, so no pod can have been missed).
-pub fn count<'a>(
-    policy: &CompiledPolicy,
+/// Where one selected pod stands for a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    Current,
+    Outdated,
+    Missed,
+}
+
+/// The state of every pod `policy` selects and counts (see [`count`]); pods it does not select,
+/// and uninjected pods it is not expected to carry, are left out. `in_force_since` is when its
+/// webhook configuration was put in force (`None`: it is not, so no pod can have been missed).
+pub fn classify<'a>(
+    policy: &'a CompiledPolicy,
     in_force_since: Option<Timestamp>,
-    namespaces: &HashMap<String, NamespaceContext>,
-    exclusions: &Exclusions,
-    pods: impl IntoIterator<Item = &'a PodRecord>,
-) -> Count {
+    namespaces: &'a HashMap<String, NamespaceContext>,
+    exclusions: &'a Exclusions,
+    pods: impl IntoIterator<Item = &'a PodRecord> + 'a,
+) -> impl Iterator<Item = (&'a PodRecord, PodState)> + 'a {
     let hash = policy.template_hash();
     let expects_creates = policy
         .spec()
         .operations
         .contains(&splice_crds::Operation::Create);
     let missable_after = in_force_since.and_then(|t| t.checked_add(IN_FORCE_GRACE).ok());
-    let mut namespace_selected: HashMap<&str, bool> = HashMap::new();
-    let mut out = Count::default();
-    for pod in pods {
+    let mut namespace_selected: HashMap<&'a str, bool> = HashMap::new();
+    pods.into_iter().filter_map(move |pod| {
         let ns_ok = *namespace_selected.entry(&pod.namespace).or_insert_with(|| {
             let fallback;
             let context = match namespaces.get(&*pod.namespace) {
@@ -105,30 +116,46 @@ pub fn count<'a>(
             selects_namespace(policy, context, exclusions)
         });
         if !ns_ok || !selects_pod(policy, &pod.labels) {
-            continue;
+            return None;
         }
-        let c = &mut out.coverage;
-        match pod.recorded_hash(policy.name()) {
-            Some(h) if h == hash => {
-                c.matched += 1;
-                c.current += 1;
-            }
-            Some(_) => {
-                c.matched += 1;
-                c.outdated += 1;
-            }
+        let state = match pod.recorded_hash(policy.name()) {
+            Some(h) if h == hash => PodState::Current,
+            Some(_) => PodState::Outdated,
             None => {
                 let after = match (pod.created, missable_after) {
                     (Some(created), Some(since)) => created >= since,
                     _ => false,
                 };
-                if after && expects_creates {
-                    c.matched += 1;
-                    c.missed += 1;
-                    if out.missed_examples.len() < EXAMPLES {
-                        out.missed_examples
-                            .push(format!("{}/{}", pod.namespace, pod.name));
-                    }
+                if !(after && expects_creates) {
+                    return None;
+                }
+                PodState::Missed
+            }
+        };
+        Some((pod, state))
+    })
+}
+
+/// Counts the pods `policy` selects (see [`classify`]).
+pub fn count<'a>(
+    policy: &'a CompiledPolicy,
+    in_force_since: Option<Timestamp>,
+    namespaces: &'a HashMap<String, NamespaceContext>,
+    exclusions: &'a Exclusions,
+    pods: impl IntoIterator<Item = &'a PodRecord> + 'a,
+) -> Count {
+    let mut out = Count::default();
+    for (pod, state) in classify(policy, in_force_since, namespaces, exclusions, pods) {
+        let c = &mut out.coverage;
+        c.matched += 1;
+        match state {
+            PodState::Current => c.current += 1,
+            PodState::Outdated => c.outdated += 1,
+            PodState::Missed => {
+                c.missed += 1;
+                if out.missed_examples.len() < EXAMPLES {
+                    out.missed_examples
+                        .push(format!("{}/{}", pod.namespace, pod.name));
                 }
             }
         }
@@ -146,6 +173,21 @@ pub fn in_force_since(policy: &InjectionPolicy) -> Option<Timestamp> {
     (c.status == "True" && !policy.spec.paused).then_some(c.last_transition_time.0)
 }
 
+/// (policy, template hash) for each entry of a pod's `splice.dev/status`; none when it is absent
+/// or unreadable.
+pub fn injected_hashes(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        hash: String,
+    }
+    annotations
+        .and_then(|a| a.get(STATUS_ANNOTATION))
+        .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
+        .map(|m| m.into_iter().map(|(p, e)| (p, e.hash)).collect())
+        .unwrap_or_default()
+}
+
 /// Reads the pod's record from its metadata; `None` for a pod without a namespace.
 pub fn record(
     meta: &PartialObjectMeta<Pod>,
@@ -160,18 +202,14 @@ pub fn record(
             n
         }
     };
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        #[serde(default)]
-        hash: String,
-    }
-    let injected = meta
+    let injected = injected_hashes(meta.metadata.annotations.as_ref());
+    let owner = meta
         .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(STATUS_ANNOTATION))
-        .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
-        .map(|m| m.into_iter().map(|(p, e)| (p, e.hash)).collect())
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+        .map(|o| PodOwner::from_kind(&o.kind))
         .unwrap_or_default();
     Some(PodRecord {
         namespace,
@@ -179,6 +217,7 @@ pub fn record(
         labels: meta.metadata.labels.clone().unwrap_or_default(),
         created: meta.metadata.creation_timestamp.as_ref().map(|t| t.0),
         injected,
+        owner,
     })
 }
 
@@ -187,12 +226,22 @@ type CompiledEntry = (Option<String>, Option<i64>, Arc<CompiledPolicy>);
 /// (pod generation, namespace generation, (policy, resourceVersion)…): what the last pass saw.
 type Seen = (u64, u64, Vec<(String, Option<String>)>);
 
+/// The leader's pods, from its one metadata-only watch ([`watch_pods`]), read by coverage and
+/// by the rollout.
 #[derive(Default)]
-struct Pods {
+pub struct Pods {
     records: HashMap<(Arc<str>, String), Arc<PodRecord>>,
     interned: HashMap<String, Arc<str>>,
-    synced: bool,
-    generation: u64,
+    pub synced: bool,
+    /// Bumped on every change.
+    pub generation: u64,
+}
+
+impl Pods {
+    /// A snapshot of Arcs, so the pod watch is never blocked for the length of a pass.
+    pub fn snapshot(&self) -> Vec<Arc<PodRecord>> {
+        self.records.values().cloned().collect()
+    }
 }
 
 /// The namespaces' labels, from the leader's one metadata-only watch ([`watch_namespaces`]),
@@ -203,6 +252,13 @@ pub struct Namespaces {
     pub synced: bool,
     /// Bumped on every change.
     pub generation: u64,
+}
+
+/// The leader's namespace and pod watches' state, shared by coverage, the probe and the rollout.
+#[derive(Clone, Default)]
+pub struct Observed {
+    pub namespaces: Arc<Mutex<Namespaces>>,
+    pub pods: Arc<Mutex<Pods>>,
 }
 
 /// Where coverage finds the policies.
@@ -220,19 +276,17 @@ pub async fn run(
     client: Client,
     splice_namespace: String,
     policies: Policies,
-    namespaces: Arc<Mutex<Namespaces>>,
+    observed: Observed,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: Leadership,
 ) {
-    let pods = Arc::new(Mutex::new(Pods::default()));
-    let pod_task = tokio::spawn(watch_pods(Api::all(client.clone()), Arc::clone(&pods)));
     let Policies {
         cache: policies,
         mut listed,
         served,
     } = policies;
-    let _guard = AbortOnDrop(vec![pod_task]);
+    let Observed { namespaces, pods } = observed;
     tracing::debug!("coverage: waiting for the policy cache");
     if listed.wait_for(|l| *l).await.is_err() {
         return;
@@ -305,14 +359,10 @@ pub async fn run(
             };
             work.push((Arc::clone(policy), c));
         }
-        // A snapshot of Arcs, so the pod watch is never blocked for the length of a pass.
-        let snapshot: Vec<Arc<PodRecord>> = pods
+        let snapshot = pods
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .records
-            .values()
-            .cloned()
-            .collect();
+            .snapshot();
         let excl = exclusions.clone();
         let started = std::time::Instant::now();
         // Policies × pods is CPU work: off the async workers, which also serve admissions.
@@ -411,17 +461,8 @@ pub async fn run(
     }
 }
 
-struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            t.abort();
-        }
-    }
-}
-
-async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
+/// Keeps `state` current from a metadata-only watch of every pod; a task of the leader's term.
+pub async fn watch_pods(api: Api<PartialObjectMeta<Pod>>, state: Arc<Mutex<Pods>>) {
     let mut listing: Vec<PartialObjectMeta<Pod>> = Vec::new();
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     while let Some(event) = events.next().await {
@@ -530,6 +571,7 @@ mod tests {
             injected: hash
                 .map(|h| vec![("mesh".to_owned(), h.to_owned())])
                 .unwrap_or_default(),
+            owner: PodOwner::None,
         }
     }
 

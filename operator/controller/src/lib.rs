@@ -6,7 +6,7 @@
 //! decisions in `render`, `conditions`, `conflicts`, `serving`; API calls in `reconcile` and
 //! `validating`); [`certs`] keeps the CA and serving certificates (pure decisions in `ca` and
 //! `rotation`, API calls in its root); [`guard`] decides whether `Fail` may be in force,
-//! [`coverage`] counts pods injected or missed, [`probe`] sends the admission probe's dry runs and
+//! [`coverage`] counts pods injected or missed, [`rollout`] restarts workloads with outdated pods, [`probe`] sends the admission probe's dry runs and
 //! [`verdict`] (pure) reads them; [`leader`] keeps the Lease; [`runtime`] wires them for
 //! `splice run` and runs the leader's work one term at a time; [`context`] is what reconciles share.
 
@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod policy;
 pub mod probe;
 pub mod retry;
+pub mod rollout;
 pub mod runtime;
 pub mod verdict;
 

@@ -27,6 +27,47 @@ pub const PROBE_BUCKETS: [f64; 12] = [
 /// The `state` label values of `splice_coverage_pods`, in the order `set_coverage` takes them.
 pub const COVERAGE_STATES: [&str; 4] = ["matched", "current", "outdated", "missed"];
 
+/// The `state` label values of `splice_rollout_workloads`, in the order `set_rollout` takes them;
+/// `halted` is 1 while the policy's rollout is halted (the alert reads it), else 0.
+pub const ROLLOUT_STATES: [&str; 6] = [
+    "outdated",
+    "restarting",
+    "done",
+    "failed",
+    "manual",
+    "halted",
+];
+
+/// Sets one gauge per (policy, state) and drops the series of policies no longer in `counts`;
+/// `exported` remembers which policies are.
+fn replace_per_policy<const N: usize>(
+    family: &Family<PolicyState, Gauge>,
+    exported: &Mutex<HashSet<String>>,
+    states: &[&'static str; N],
+    counts: HashMap<String, [i64; N]>,
+) {
+    let mut exported = exported.lock().unwrap_or_else(|e| e.into_inner());
+    for gone in exported.iter().filter(|p| !counts.contains_key(*p)) {
+        for &state in states {
+            family.remove(&PolicyState {
+                policy: gone.clone(),
+                state,
+            });
+        }
+    }
+    for (policy, values) in &counts {
+        for (&state, n) in states.iter().zip(values) {
+            family
+                .get_or_create(&PolicyState {
+                    policy: policy.clone(),
+                    state,
+                })
+                .set(*n);
+        }
+    }
+    *exported = counts.into_keys().collect();
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
     result: String,
@@ -76,6 +117,9 @@ pub struct Metrics {
     covered: Mutex<HashSet<String>>,
     probe_duration: Family<PolicyLabel, Histogram, fn() -> Histogram>,
     probe: Family<PolicyResult, Counter>,
+    rollout: Family<PolicyState, Gauge>,
+    /// Policies whose rollout is exported now.
+    rolling: Mutex<HashSet<String>>,
 }
 
 impl Default for Metrics {
@@ -106,6 +150,8 @@ impl Metrics {
                 Histogram::new(PROBE_BUCKETS.iter().copied())
             }),
             probe: Family::default(),
+            rollout: Family::default(),
+            rolling: Mutex::new(HashSet::new()),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -148,6 +194,11 @@ impl Metrics {
             "Admission probes, by policy and result (the Verified condition's reason)",
             metrics.probe.clone(),
         );
+        registry.register(
+            "splice_rollout_workloads",
+            "Workloads of a policy's rollout (spec.rollout), by state: outdated (waiting), restarting, done, failed; manual counts pods no restart replaces; halted is 1 while the rollout is halted",
+            metrics.rollout.clone(),
+        );
         metrics
     }
 
@@ -159,26 +210,13 @@ impl Metrics {
     /// Replaces every policy's coverage gauges (counts in [`COVERAGE_STATES`] order); policies
     /// not in `counts` stop being exported. Called by the controller once per coverage pass.
     pub fn set_coverage(&self, counts: HashMap<String, [i64; 4]>) {
-        let mut covered = self.covered.lock().unwrap_or_else(|e| e.into_inner());
-        for gone in covered.iter().filter(|p| !counts.contains_key(*p)) {
-            for state in COVERAGE_STATES {
-                self.coverage.remove(&PolicyState {
-                    policy: gone.clone(),
-                    state,
-                });
-            }
-        }
-        for (policy, values) in &counts {
-            for (state, n) in COVERAGE_STATES.into_iter().zip(values) {
-                self.coverage
-                    .get_or_create(&PolicyState {
-                        policy: policy.clone(),
-                        state,
-                    })
-                    .set(*n);
-            }
-        }
-        *covered = counts.into_keys().collect();
+        replace_per_policy(&self.coverage, &self.covered, &COVERAGE_STATES, counts);
+    }
+
+    /// Replaces every policy's rollout gauges (counts in [`ROLLOUT_STATES`] order); policies
+    /// not in `counts` stop being exported. Called once per rollout pass.
+    pub fn set_rollout(&self, counts: HashMap<String, [i64; 6]>) {
+        replace_per_policy(&self.rollout, &self.rolling, &ROLLOUT_STATES, counts);
     }
 
     /// Counts one admission probe of `policy` with `result` (a bounded set: the Verified

@@ -12,6 +12,7 @@ mod explain;
 mod inject;
 mod offline;
 mod offline_diff;
+mod rollout;
 pub(crate) mod rotate;
 mod run;
 mod simulate;
@@ -128,6 +129,8 @@ enum Command {
     Crd,
     /// Ask the running leader to rotate the webhook CA now.
     Rotate(rotate::Args),
+    /// Show and steer a policy's rollout (spec.rollout): status [-w], halt, resume, promote.
+    Rollout(rollout::Args),
     /// Stop Splice and delete the admission configuration it wrote (policies stay).
     Uninstall(uninstall::Args),
 }
@@ -154,6 +157,7 @@ impl Cli {
             Command::Explain(args) => explain::main(args, cluster),
             Command::Crd => crd::main(),
             Command::Rotate(args) => rotate::main(args, cluster),
+            Command::Rollout(args) => rollout::main(args, cluster),
             Command::Uninstall(args) => uninstall::main(args, cluster),
         }
     }

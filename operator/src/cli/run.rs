@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use clap::builder::TypedValueParser as _;
 
 use super::parse_duration;
 use splice_controller::{
@@ -63,6 +64,11 @@ pub struct Args {
     /// at most 5 requests per second in all). `0` turns the admission probe off.
     #[arg(long, env = "SPLICE_PROBE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     probe_interval: Duration,
+
+    /// Workloads the rollout (`spec.rollout` of each policy) restarts at once, across all
+    /// policies.
+    #[arg(long, env = "SPLICE_ROLLOUT_MAX_CONCURRENT", default_value_t = splice_controller::rollout::DEFAULT_MAX_CONCURRENT, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
+    rollout_max_concurrent: usize,
 
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
@@ -173,6 +179,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             hold: args.fail_closed_hold,
         },
         probe_interval: Some(args.probe_interval).filter(|i| !i.is_zero()),
+        rollout_max_concurrent: args.rollout_max_concurrent,
     })
 }
 
@@ -318,6 +325,18 @@ mod tests {
         let err = parse(&["--fail-closed-hold", "5 days"]).unwrap_err();
         assert!(err.contains("unknown unit"), "{err}");
         assert!(parse(&["--fail-closed-hold", "s"]).is_err());
+    }
+
+    #[test]
+    fn the_rollout_restarts_at_most_ten_workloads_at_once_unless_told_otherwise() {
+        assert_eq!(parse(&[]).unwrap().rollout_max_concurrent, 10);
+        assert_eq!(
+            parse(&["--rollout-max-concurrent", "3"])
+                .unwrap()
+                .rollout_max_concurrent,
+            3
+        );
+        assert!(parse(&["--rollout-max-concurrent", "0"]).is_err());
     }
 
     #[test]

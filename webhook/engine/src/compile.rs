@@ -61,6 +61,17 @@ impl CompiledPolicy {
             field,
             message,
         };
+        if let Some(rollout) = &spec.rollout
+            && rollout.timeout().is_none()
+        {
+            return Err(invalid(
+                "spec.rollout.timeout".into(),
+                format!(
+                    "{:?} is not a duration between 1s and 24h (e.g. 45s, 5m, 1h30m)",
+                    rollout.timeout
+                ),
+            ));
+        }
         for (list, key) in [
             ("labels", &spec.template.labels),
             ("annotations", &spec.template.annotations),

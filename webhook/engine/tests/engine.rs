@@ -780,3 +780,29 @@ spec:
     .unwrap_err();
     assert!(err.to_string().contains("reserved"), "{err}");
 }
+
+#[test]
+fn a_rollout_timeout_out_of_bounds_is_refused_naming_the_field() {
+    let err = try_policy(
+        r#"
+apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata: {name: slow}
+spec:
+  rollout: {timeout: 25h}
+"#,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "policy slow: spec.rollout.timeout: \"25h\" is not a duration between 1s and 24h"
+        ),
+        "{err}"
+    );
+    assert!(
+        try_policy(
+            "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: ok}\nspec: {rollout: {timeout: 45s}}\n"
+        )
+        .is_ok()
+    );
+}

@@ -260,11 +260,12 @@ async fn report(
         policy: &name,
     };
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
-    // Verified condition to the probe's: left out here, they are neither compared nor applied (so
+    // Verified condition to the probe's, status.rollout and RolledOut to the rollout's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
     let current = ctx.last_known_status(policy).map(|mut s| {
         s.coverage = None;
         crate::verdict::strip(&mut s);
+        crate::rollout::strip(&mut s);
         s
     });
     let now = Timestamp::now();

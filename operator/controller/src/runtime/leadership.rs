@@ -2,7 +2,7 @@
 //! every task of it, when it stops.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -23,7 +23,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::reconcile::{error_policy, reconcile};
 use crate::policy::{neighbours, validating};
-use crate::{Context, Settings, certs, coverage, guard, probe};
+use crate::{Context, Settings, certs, coverage, guard, probe, rollout};
 
 /// The tasks of one leadership term, owned together: ending the term (or dropping it) aborts
 /// every one of them, whichever await each is in. A dropped `JoinHandle` would detach its task
@@ -158,11 +158,32 @@ pub(super) fn lead(
         .with_certificate_problem(certificate_problem.clone())
         .with_serving(serving),
     );
-    // One namespace watch for coverage and the probe.
-    let namespaces = Arc::new(Mutex::new(coverage::Namespaces::default()));
+    // One namespace watch and one pod watch for coverage, the probe and the rollout.
+    let observed = coverage::Observed::default();
+    let namespaces = Arc::clone(&observed.namespaces);
     term.spawn(coverage::watch_namespaces(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
+    ));
+    term.spawn(coverage::watch_pods(
+        Api::all(client.clone()),
+        Arc::clone(&observed.pods),
+    ));
+    term.spawn(rollout::run(
+        client.clone(),
+        rollout::Config {
+            splice_namespace: settings.namespace.clone(),
+            max_concurrent: settings.rollout_max_concurrent,
+        },
+        coverage::Policies {
+            cache: controller.store(),
+            listed: listed.clone(),
+            served: Arc::clone(&served),
+        },
+        observed.clone(),
+        Arc::clone(&ctx.metrics),
+        ctx.recorder.clone(),
+        ctx.leading.clone(),
     ));
     term.spawn(coverage::run(
         client.clone(),
@@ -172,7 +193,7 @@ pub(super) fn lead(
             listed: listed.clone(),
             served: Arc::clone(&served),
         },
-        Arc::clone(&namespaces),
+        observed,
         Arc::clone(&ctx.metrics),
         ctx.recorder.clone(),
         ctx.leading.clone(),

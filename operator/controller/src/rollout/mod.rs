@@ -1,0 +1,1042 @@
+//! The rollout: template changes reach running pods. For every policy with `spec.rollout`, the
+//! leader restarts the Deployments, StatefulSets and DaemonSets whose pods carry an outdated
+//! injection (or, with `repairMissed`, miss it), under the budget [`plan`] decides, by
+//! server-side applying two pod-template annotations under its own field manager; it reports
+//! `status.rollout`, the `RolledOut` condition, `splice_rollout_workloads` and Events.
+//!
+//! Crash-resumable by construction: the restart annotation names `<policy>@<revision>`, so a new
+//! leader sees what the last one restarted (and when, for the timeout) and never restarts a
+//! workload twice for one revision; a halted rollout is kept in `status.rollout`.
+
+pub mod plan;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use splice_crds::{
+    ConditionStatus, InjectionPolicy, InjectionPolicyStatus, RESTARTED_AT_ANNOTATION,
+    RESTARTED_FOR_ANNOTATION, ROLLOUT_HALT_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
+    RolloutStatus, STATUS_ANNOTATION, condition, set_condition,
+};
+use splice_engine::Exclusions;
+use splice_engine::selector::Selector;
+
+use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workload, WorkloadRef};
+use crate::coverage::{self, Observed, PodState, Policies};
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+
+/// The field manager of the restart annotations and of `status.rollout` and `RolledOut`.
+pub const ROLLOUT_MANAGER: &str = "splice-rollout";
+/// One planning pass at most this often.
+pub const PERIOD: Duration = Duration::from_secs(5);
+/// Progress (counts) is written to status at most this often per policy; a phase change is
+/// written at once.
+pub const STATUS_INTERVAL: Duration = Duration::from_secs(10);
+/// `splice run --rollout-max-concurrent`'s default: workloads restarting at once, all policies.
+pub const DEFAULT_MAX_CONCURRENT: usize = 10;
+/// `spec.rollout.timeout` when it cannot be read (the schema refuses such a value at apply).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What can go wrong in one rollout step, each with a stable label for the logs.
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum Error {
+    #[error("restarting {workload}: {source}")]
+    Restart {
+        workload: String,
+        source: kube::Error,
+    },
+    #[error("dry-run of a pod of {workload}: {source}")]
+    DryRun {
+        workload: String,
+        source: kube::Error,
+    },
+    #[error(
+        "a dry-run pod of {workload} came back with {got} instead of revision {revision}: the webhook is not serving it yet"
+    )]
+    NotServedYet {
+        workload: String,
+        revision: String,
+        got: String,
+    },
+    #[error("writing status.rollout of policy {policy}: {source}")]
+    Status { policy: String, source: kube::Error },
+}
+
+impl Error {
+    pub fn label(&self) -> &'static str {
+        self.into()
+    }
+}
+
+/// The rollout's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub splice_namespace: String,
+    /// Cluster-wide cap on workloads restarting at once.
+    pub max_concurrent: usize,
+}
+
+/// The workload caches, each a reflector of the term.
+struct Caches {
+    deployments: Store<Deployment>,
+    statefulsets: Store<StatefulSet>,
+    daemonsets: Store<DaemonSet>,
+    budgets: Store<PodDisruptionBudget>,
+}
+
+/// What this replica restarted, until its cache shows it: (restartedFor, restartedAt).
+type Written = HashMap<WorkloadRef, (String, Timestamp)>;
+
+/// The leader's rollout loop; a task of the term, cancelled with it.
+pub async fn run(
+    client: Client,
+    config: Config,
+    policies: Policies,
+    observed: Observed,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    leading: Leadership,
+) {
+    let (deployments, w1) = reflector::store::<Deployment>();
+    let (statefulsets, w2) = reflector::store::<StatefulSet>();
+    let (daemonsets, w3) = reflector::store::<DaemonSet>();
+    let (budgets, w4) = reflector::store::<PodDisruptionBudget>();
+    // The watches run inside this task, so ending the term ends them too.
+    let watches = futures::future::join4(
+        reflect(Api::<Deployment>::all(client.clone()), w1),
+        reflect(Api::<StatefulSet>::all(client.clone()), w2),
+        reflect(Api::<DaemonSet>::all(client.clone()), w3),
+        reflect(Api::<PodDisruptionBudget>::all(client.clone()), w4),
+    );
+    let caches = Caches {
+        deployments,
+        statefulsets,
+        daemonsets,
+        budgets,
+    };
+    let work = Loop {
+        client,
+        config,
+        metrics,
+        recorder,
+        leading,
+        written: Written::new(),
+        verified: HashSet::new(),
+        reported: HashMap::new(),
+    }
+    .run(policies, observed, caches);
+    tokio::select! {
+        _ = watches => {}
+        _ = work => {}
+    }
+}
+
+async fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "rollout: watching workloads");
+            }
+        })
+        .await;
+}
+
+struct Loop {
+    client: Client,
+    config: Config,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    leading: Leadership,
+    written: Written,
+    /// (policy, revision, namespace) where a dry-run pod came back injected with the revision.
+    verified: HashSet<(String, String, String)>,
+    /// Per policy: (uid, status.rollout written, when), until the cache shows it.
+    reported: HashMap<String, (Option<String>, RolloutStatus, Instant)>,
+}
+
+/// One policy's inputs, owned, so the planner's input can borrow them.
+struct Candidate {
+    policy: Arc<InjectionPolicy>,
+    compiled: Arc<splice_engine::CompiledPolicy>,
+    limits: Limits,
+    /// A halt recorded in status, not lifted by a resume: (by, at).
+    halt: Option<(String, Option<Timestamp>)>,
+    held: bool,
+    resumed_at: Option<Timestamp>,
+}
+
+impl Loop {
+    async fn run(mut self, policies: Policies, observed: Observed, caches: Caches) {
+        let Policies {
+            cache: policies,
+            mut listed,
+            served,
+        } = policies;
+        if listed.wait_for(|l| *l).await.is_err() {
+            return;
+        }
+        for ready in [
+            caches.deployments.wait_until_ready().await,
+            caches.statefulsets.wait_until_ready().await,
+            caches.daemonsets.wait_until_ready().await,
+            caches.budgets.wait_until_ready().await,
+        ] {
+            if ready.is_err() {
+                return;
+            }
+        }
+        let exclusions = Exclusions::default_for(&self.config.splice_namespace);
+        let mut ticker = tokio::time::interval(PERIOD);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let (pods_synced, pods) = {
+                let p = observed.pods.lock().unwrap_or_else(PoisonError::into_inner);
+                (p.synced, p.snapshot())
+            };
+            let (ns_synced, contexts) = {
+                let n = observed
+                    .namespaces
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                (n.synced, n.contexts.clone())
+            };
+            if !pods_synced || !ns_synced {
+                continue;
+            }
+            let mut candidates: Vec<Candidate> = policies
+                .state()
+                .into_iter()
+                .filter_map(|policy| {
+                    let rollout = policy.spec.rollout.as_ref()?;
+                    if policy.spec.paused {
+                        return None;
+                    }
+                    // The generation this replica's webhook serves: what new pods get.
+                    let compiled = served.get(&policy.name_any())?;
+                    let revision = compiled.template_hash();
+                    let annotations = policy.annotations();
+                    let resumed_at = annotations
+                        .get(ROLLOUT_RESUME_ANNOTATION)
+                        .and_then(|v| v.split_once('@'))
+                        .filter(|(r, _)| *r == revision)
+                        .and_then(|(_, at)| at.parse::<Timestamp>().ok());
+                    let held = annotations.contains_key(ROLLOUT_HALT_ANNOTATION);
+                    // A halt recorded in status holds until a resume requested after it.
+                    let halt = policy
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.rollout.as_ref())
+                        .filter(|r| r.phase == RolloutPhase::Halted && r.revision == revision)
+                        .and_then(|r| {
+                            let at = r.halted_at.as_deref().and_then(|t| t.parse().ok());
+                            let lifted = match (at, resumed_at) {
+                                (Some(at), Some(resumed)) => resumed > at,
+                                (None, Some(_)) => true,
+                                _ => false,
+                            };
+                            let by = r.halted_by.clone()?;
+                            // A requested halt is the annotation's; it ends with it.
+                            (!lifted && by != plan::HALT_REQUESTED).then_some((by, at))
+                        });
+                    let limits = Limits {
+                        max_concurrent: usize::try_from(rollout.max_concurrent).unwrap_or(1),
+                        max_per_namespace: usize::try_from(rollout.max_concurrent_per_namespace)
+                            .unwrap_or(1),
+                        timeout: rollout.timeout().unwrap_or(DEFAULT_TIMEOUT),
+                        repair_missed: rollout.repair_missed,
+                    };
+                    Some(Candidate {
+                        policy,
+                        compiled,
+                        limits,
+                        halt,
+                        held,
+                        resumed_at,
+                    })
+                })
+                .collect();
+            candidates.sort_by_key(|c| c.policy.name_any());
+            let gone: Vec<String> = self
+                .reported
+                .keys()
+                .filter(|name| !candidates.iter().any(|c| &c.policy.name_any() == *name))
+                .cloned()
+                .collect();
+            for name in gone {
+                self.reported.remove(&name);
+            }
+            if candidates.is_empty() {
+                self.metrics.set_rollout(HashMap::new());
+                continue;
+            }
+            let names: Vec<String> = candidates.iter().map(|c| c.policy.name_any()).collect();
+            let inputs: Vec<PolicyInput<'_>> = candidates
+                .iter()
+                .zip(&names)
+                .map(|(c, name)| PolicyInput {
+                    policy: name,
+                    revision: c.compiled.template_hash(),
+                    limits: c.limits,
+                    halted_by: c.halt.as_ref().map(|(by, _)| by.as_str()),
+                    halted_at: c.halt.as_ref().and_then(|(_, at)| *at),
+                    held: c.held,
+                    resumed_at: c.resumed_at,
+                    pods: coverage::classify(
+                        &c.compiled,
+                        coverage::in_force_since(&c.policy),
+                        &contexts,
+                        &exclusions,
+                        pods.iter().map(|p| &**p),
+                    )
+                    .filter_map(|(pod, state)| {
+                        let need = match state {
+                            PodState::Current => return None,
+                            PodState::Outdated => PodNeed::Outdated,
+                            PodState::Missed => PodNeed::Missed,
+                        };
+                        Some(PodNeeding {
+                            namespace: &pod.namespace,
+                            labels: &pod.labels,
+                            owner: pod.owner,
+                            need,
+                        })
+                    })
+                    .collect(),
+                })
+                .collect();
+            let workloads = self.workloads(&caches);
+            let plans = plan::plan(
+                &inputs,
+                &workloads,
+                &exclusions.namespaces,
+                self.config.max_concurrent,
+                Timestamp::now(),
+            );
+            let gauges = plans
+                .iter()
+                .map(|p| {
+                    let s = &p.status;
+                    (
+                        p.policy.clone(),
+                        [
+                            s.outdated,
+                            s.restarting,
+                            s.done,
+                            s.failed,
+                            s.manual,
+                            i64::from(s.phase == RolloutPhase::Halted),
+                        ],
+                    )
+                })
+                .collect();
+            self.metrics.set_rollout(gauges);
+            for (plan, c) in plans.into_iter().zip(&candidates) {
+                if !self.leading.now() {
+                    return;
+                }
+                self.act(&plan, &caches, &c.policy).await;
+                self.report(&plan, &c.policy, &caches).await;
+            }
+        }
+    }
+
+    /// Every workload as the planner sees it, with this replica's own restarts laid over a
+    /// cache that may not show them yet.
+    fn workloads(&mut self, caches: &Caches) -> Vec<Workload> {
+        let budgets = caches.budgets.state();
+        let mut out = Vec::new();
+        collect(&caches.deployments, &budgets, &mut out);
+        collect(&caches.statefulsets, &budgets, &mut out);
+        collect(&caches.daemonsets, &budgets, &mut out);
+        // Forget a restart once the cache shows it (or the workload is gone).
+        self.written.retain(|id, (value, _)| {
+            out.iter()
+                .find(|w| &w.id == id)
+                .is_some_and(|w| w.restarted_for.as_ref() != Some(value))
+        });
+        for w in &mut out {
+            if let Some((value, at)) = self.written.get(&w.id) {
+                w.restarted_for = Some(value.clone());
+                w.restarted_at = Some(*at);
+                w.settled = false;
+            }
+        }
+        out
+    }
+
+    /// Restarts what the plan says, each after a last leadership check; before the first
+    /// restart of a revision into a namespace, a dry-run pod must come back with that revision.
+    async fn act(&mut self, plan: &plan::Plan, caches: &Caches, policy: &InjectionPolicy) {
+        for id in &plan.restart {
+            let Some(template) = template_of(caches, id) else {
+                continue;
+            };
+            let key = (
+                plan.policy.clone(),
+                plan.revision.clone(),
+                id.namespace.clone(),
+            );
+            if !self.verified.contains(&key) {
+                match dry_run(&self.client, id, &template, &plan.policy, &plan.revision).await {
+                    Ok(()) => {
+                        self.verified.insert(key);
+                    }
+                    Err(e) => {
+                        tracing::warn!(policy = %plan.policy, error = %e, label = e.label(), "rollout: not restarting yet");
+                        continue;
+                    }
+                }
+            }
+            if !self.leading.now() {
+                return;
+            }
+            let value = plan::restarted_for(&plan.policy, &plan.revision);
+            let now = Timestamp::now();
+            match restart(&self.client, id, &value, now).await {
+                Ok(()) => {
+                    tracing::info!(policy = %plan.policy, workload = %id, revision = %plan.revision, "rollout: restarted");
+                    self.written.insert(id.clone(), (value, now));
+                    let note = format!(
+                        "Restarted {id} for revision {} of policy {}: its pods carried an outdated or missing injection",
+                        plan.revision, plan.policy
+                    );
+                    publish(&self.recorder, policy, EventType::Normal, "Restarted", note).await;
+                }
+                Err(e) => {
+                    tracing::warn!(policy = %plan.policy, error = %e, label = e.label(), "rollout: restart failed");
+                }
+            }
+        }
+    }
+
+    /// Writes `status.rollout` and `RolledOut` when they changed: a phase change at once,
+    /// progress at most every [`STATUS_INTERVAL`]; a Warning Event when the rollout halts.
+    async fn report(&mut self, plan: &plan::Plan, policy: &InjectionPolicy, caches: &Caches) {
+        let name = policy.name_any();
+        let cached = policy.status.as_ref().and_then(|s| s.rollout.clone());
+        let (known, last_write) = match self.reported.get(&name) {
+            Some((uid, s, at)) if uid == &policy.uid() && cached.as_ref() != Some(s) => {
+                (Some(s.clone()), Some(*at))
+            }
+            Some((_, _, at)) => (cached, Some(*at)),
+            None => (cached, None),
+        };
+        if known.as_ref() == Some(&plan.status) {
+            return;
+        }
+        let phase_changed = known.as_ref().map(|s| (s.phase, &s.revision))
+            != Some((plan.status.phase, &plan.status.revision));
+        if !phase_changed && last_write.is_some_and(|at| at.elapsed() < STATUS_INTERVAL) {
+            return;
+        }
+        if !self.leading.now() {
+            return;
+        }
+        let mut conditions = policy
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let (status, reason, message) = rolled_out(&plan.status);
+        set_condition(
+            &mut conditions,
+            condition::ROLLED_OUT,
+            status,
+            reason,
+            &message,
+            policy.metadata.generation,
+            Timestamp::now(),
+        );
+        let rolled = conditions
+            .into_iter()
+            .filter(|c| c.type_ == condition::ROLLED_OUT)
+            .collect::<Vec<_>>();
+        let patch = serde_json::json!({
+            "apiVersion": InjectionPolicy::api_version(&()),
+            "kind": InjectionPolicy::kind(&()),
+            "status": {"conditions": rolled, "rollout": &plan.status},
+        });
+        let api: Api<InjectionPolicy> = Api::all(self.client.clone());
+        if let Err(source) = api
+            .patch_status(
+                &name,
+                &PatchParams::apply(ROLLOUT_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            let e = Error::Status {
+                policy: name,
+                source,
+            };
+            tracing::warn!(error = %e, label = e.label(), "rollout: status not written");
+            return;
+        }
+        self.reported.insert(
+            name.clone(),
+            (policy.uid(), plan.status.clone(), Instant::now()),
+        );
+        if let Some(failed) = &plan.newly_failed {
+            let detail = match what_failed(&self.client, caches, failed, &name).await {
+                Some(d) => format!(" ({d})"),
+                None => String::new(),
+            };
+            let note = format!(
+                "Rollout of revision {} halted: {failed} did not become fully available within {}s of its restart{detail}. Nothing more is restarted until the template changes or `kubectl splice rollout resume`.",
+                plan.revision,
+                policy
+                    .spec
+                    .rollout
+                    .as_ref()
+                    .and_then(|r| r.timeout())
+                    .unwrap_or(DEFAULT_TIMEOUT)
+                    .as_secs(),
+            );
+            publish(
+                &self.recorder,
+                policy,
+                EventType::Warning,
+                "RolloutHalted",
+                note,
+            )
+            .await;
+        }
+    }
+}
+
+/// The `RolledOut` condition for a rollout status: (status, reason, message).
+pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) {
+    match s.phase {
+        RolloutPhase::Idle => (
+            ConditionStatus::True,
+            "NothingToRestart",
+            format!("no workload needs a restart for revision {}", s.revision),
+        ),
+        RolloutPhase::Complete => (
+            ConditionStatus::True,
+            "Complete",
+            format!(
+                "{} workload(s) restarted for revision {} and fully available{}",
+                s.done,
+                s.revision,
+                manual_note(s.manual)
+            ),
+        ),
+        RolloutPhase::Rolling => (
+            ConditionStatus::False,
+            "Rolling",
+            format!(
+                "revision {}: {} restarting, {} waiting, {} done{}",
+                s.revision,
+                s.restarting,
+                s.outdated,
+                s.done,
+                manual_note(s.manual)
+            ),
+        ),
+        RolloutPhase::Halted if s.halted_by.as_deref() == Some(plan::HALT_REQUESTED) => (
+            ConditionStatus::False,
+            "Halted",
+            format!(
+                "revision {}: halted on request (annotation {ROLLOUT_HALT_ANNOTATION}); `kubectl splice rollout resume` continues",
+                s.revision
+            ),
+        ),
+        RolloutPhase::Halted => (
+            ConditionStatus::False,
+            "Halted",
+            format!(
+                "revision {}: {} did not become fully available within the timeout; nothing more is restarted until the template changes or `kubectl splice rollout resume`",
+                s.revision,
+                s.halted_by.as_deref().unwrap_or("a workload")
+            ),
+        ),
+    }
+}
+
+fn manual_note(manual: i64) -> String {
+    if manual == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {manual} pod(s) no workload restart replaces (bare or Job pods) need recreating by hand"
+        )
+    }
+}
+
+/// Leaves out of `status` what the rollout owns (`status.rollout`, `RolledOut`), so that the
+/// reconciler's apply neither compares nor reverts it.
+pub fn strip(status: &mut InjectionPolicyStatus) {
+    status.rollout = None;
+    status
+        .conditions
+        .retain(|c| c.type_ != condition::ROLLED_OUT);
+}
+
+/// What the rollout reads of a workload, the same for the three kinds it restarts.
+struct Parts<'a> {
+    selector: &'a LabelSelector,
+    template: &'a PodTemplateSpec,
+    progress: Progress,
+    paused: bool,
+}
+
+/// A workload kind the rollout restarts through its pod template.
+trait Restartable:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: Kind;
+    /// `None` without a spec.
+    fn parts(&self) -> Option<Parts<'_>>;
+}
+
+impl<'a> Parts<'a> {
+    /// `counts`: pods desired, existing, of the latest template, available.
+    fn new(
+        meta: &ObjectMeta,
+        selector: &'a LabelSelector,
+        template: &'a PodTemplateSpec,
+        observed_generation: Option<i64>,
+        [desired, current, updated, available]: [i32; 4],
+        paused: bool,
+    ) -> Self {
+        Parts {
+            selector,
+            template,
+            progress: Progress {
+                generation: meta.generation.unwrap_or(0),
+                observed_generation: observed_generation.unwrap_or(0),
+                desired,
+                current,
+                updated,
+                available,
+            },
+            paused,
+        }
+    }
+}
+
+impl Restartable for Deployment {
+    const KIND: Kind = Kind::Deployment;
+    fn parts(&self) -> Option<Parts<'_>> {
+        let spec = self.spec.as_ref()?;
+        let s = self.status.clone().unwrap_or_default();
+        let counts = [
+            spec.replicas.unwrap_or(1),
+            s.replicas.unwrap_or(0),
+            s.updated_replicas.unwrap_or(0),
+            s.available_replicas.unwrap_or(0),
+        ];
+        let paused = spec.paused.unwrap_or(false);
+        let (selector, template) = (&spec.selector, &spec.template);
+        Some(Parts::new(
+            &self.metadata,
+            selector,
+            template,
+            s.observed_generation,
+            counts,
+            paused,
+        ))
+    }
+}
+
+impl Restartable for StatefulSet {
+    const KIND: Kind = Kind::StatefulSet;
+    fn parts(&self) -> Option<Parts<'_>> {
+        let spec = self.spec.as_ref()?;
+        let s = self.status.clone().unwrap_or_default();
+        let counts = [
+            spec.replicas.unwrap_or(1),
+            s.replicas,
+            s.updated_replicas.unwrap_or(0),
+            s.available_replicas.unwrap_or(0),
+        ];
+        let (selector, template) = (&spec.selector, &spec.template);
+        Some(Parts::new(
+            &self.metadata,
+            selector,
+            template,
+            s.observed_generation,
+            counts,
+            false,
+        ))
+    }
+}
+
+impl Restartable for DaemonSet {
+    const KIND: Kind = Kind::DaemonSet;
+    fn parts(&self) -> Option<Parts<'_>> {
+        let spec = self.spec.as_ref()?;
+        let s = self.status.clone().unwrap_or_default();
+        let counts = [
+            s.desired_number_scheduled,
+            s.current_number_scheduled,
+            s.updated_number_scheduled.unwrap_or(0),
+            s.number_available.unwrap_or(0),
+        ];
+        let (selector, template) = (&spec.selector, &spec.template);
+        Some(Parts::new(
+            &self.metadata,
+            selector,
+            template,
+            s.observed_generation,
+            counts,
+            false,
+        ))
+    }
+}
+
+fn collect<K: Restartable>(
+    store: &Store<K>,
+    budgets: &[Arc<PodDisruptionBudget>],
+    out: &mut Vec<Workload>,
+) {
+    for object in store.state() {
+        if let Some(parts) = object.parts() {
+            out.push(workload(K::KIND, object.meta(), parts, budgets));
+        }
+    }
+}
+
+fn workload(
+    kind: Kind,
+    meta: &ObjectMeta,
+    parts: Parts<'_>,
+    budgets: &[Arc<PodDisruptionBudget>],
+) -> Workload {
+    let Parts {
+        selector,
+        template,
+        progress,
+        paused,
+    } = parts;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref());
+    let labels = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default();
+    let disruption_blocked = budgets.iter().any(|b| {
+        b.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|s| {
+                    Selector::read(Some(s)).matches(|k| labels.get(k).map(String::as_str))
+                })
+            && b.status
+                .as_ref()
+                .is_some_and(|s| s.disruptions_allowed.unwrap_or(0) == 0)
+    });
+    Workload {
+        id: WorkloadRef {
+            kind,
+            namespace,
+            name: meta.name.clone().unwrap_or_default(),
+        },
+        selector: Selector::read(Some(selector)),
+        restarted_for: annotations.and_then(|a| a.get(RESTARTED_FOR_ANNOTATION).cloned()),
+        restarted_at: annotations
+            .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))
+            .and_then(|t| t.parse().ok()),
+        paused,
+        settled: plan::settled(progress),
+        disruption_blocked,
+    }
+}
+
+fn template_of(caches: &Caches, id: &WorkloadRef) -> Option<PodTemplateSpec> {
+    match id.kind {
+        Kind::Deployment => template_in(&caches.deployments, id),
+        Kind::StatefulSet => template_in(&caches.statefulsets, id),
+        Kind::DaemonSet => template_in(&caches.daemonsets, id),
+    }
+}
+
+fn template_in<K: Restartable>(store: &Store<K>, id: &WorkloadRef) -> Option<PodTemplateSpec> {
+    let object = store.get(&reflector::ObjectRef::new(&id.name).within(&id.namespace))?;
+    object.parts().map(|p| p.template.clone())
+}
+
+/// Server-side applies the restart annotations to the workload's pod template, under
+/// [`ROLLOUT_MANAGER`] and without force: only these two fields become Splice's.
+async fn restart(
+    client: &Client,
+    id: &WorkloadRef,
+    restarted_for: &str,
+    at: Timestamp,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": id.kind.as_str(),
+        "metadata": {"name": id.name, "namespace": id.namespace},
+        "spec": {"template": {"metadata": {"annotations": {
+            RESTARTED_AT_ANNOTATION: at.to_string(),
+            RESTARTED_FOR_ANNOTATION: restarted_for,
+        }}}},
+    });
+    let params = PatchParams::apply(ROLLOUT_MANAGER);
+    let patch = Patch::Apply(&patch);
+    let result = match id.kind {
+        Kind::Deployment => apply_to::<Deployment>(client, id, &params, &patch).await,
+        Kind::StatefulSet => apply_to::<StatefulSet>(client, id, &params, &patch).await,
+        Kind::DaemonSet => apply_to::<DaemonSet>(client, id, &params, &patch).await,
+    };
+    result.map_err(|source| Error::Restart {
+        workload: id.to_string(),
+        source,
+    })
+}
+
+async fn apply_to<K: Restartable>(
+    client: &Client,
+    id: &WorkloadRef,
+    params: &PatchParams,
+    patch: &Patch<&serde_json::Value>,
+) -> Result<(), kube::Error> {
+    Api::<K>::namespaced(client.clone(), &id.namespace)
+        .patch(&id.name, params, patch)
+        .await
+        .map(drop)
+}
+
+/// A server-side dry-run create of a pod from the workload's template: right after the webhook
+/// (re)starts, a pod can still be admitted uninjected under `Ignore`, and a restart then would
+/// replace injected pods with bare ones.
+async fn dry_run(
+    client: &Client,
+    id: &WorkloadRef,
+    template: &PodTemplateSpec,
+    policy: &str,
+    revision: &str,
+) -> Result<(), Error> {
+    let mut meta = template.metadata.clone().unwrap_or_default();
+    meta.name = None;
+    meta.generate_name = Some("splice-rollout-check-".into());
+    meta.namespace = Some(id.namespace.clone());
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(STATUS_ANNOTATION);
+    }
+    let pod = Pod {
+        metadata: meta,
+        spec: template.spec.clone(),
+        status: None,
+    };
+    let params = PostParams {
+        dry_run: true,
+        field_manager: Some(ROLLOUT_MANAGER.into()),
+    };
+    let created = Api::<Pod>::namespaced(client.clone(), &id.namespace)
+        .create(&params, &pod)
+        .await
+        .map_err(|source| Error::DryRun {
+            workload: id.to_string(),
+            source,
+        })?;
+    let injected = coverage::injected_hashes(created.metadata.annotations.as_ref());
+    match injected.iter().find(|(p, _)| p == policy) {
+        Some((_, h)) if h == revision => Ok(()),
+        other => Err(Error::NotServedYet {
+            workload: id.to_string(),
+            revision: revision.to_owned(),
+            got: other.map_or_else(
+                || "no injection".to_owned(),
+                |(_, h)| format!("revision {h}"),
+            ),
+        }),
+    }
+}
+
+/// Names a pod of the workload and an injected container of the policy's that is not ready or
+/// restarting, when one can be seen.
+async fn what_failed(
+    client: &Client,
+    caches: &Caches,
+    id: &WorkloadRef,
+    policy: &str,
+) -> Option<String> {
+    let template = template_of(caches, id)?;
+    let labels = template.metadata.and_then(|m| m.labels)?;
+    let selector = labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods = Api::<Pod>::namespaced(client.clone(), &id.namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .ok()?;
+    for pod in pods.items {
+        let injected = injected_containers(pod.metadata.annotations.as_ref(), policy);
+        let Some(status) = pod.status.as_ref() else {
+            continue;
+        };
+        let statuses = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(status.init_container_statuses.iter().flatten());
+        for c in statuses {
+            if injected.contains(&c.name) && (!c.ready || c.restart_count > 0) {
+                return Some(format!(
+                    "pod {} container {} ready={} restarts={}",
+                    pod.name_any(),
+                    c.name,
+                    c.ready,
+                    c.restart_count
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The containers and init containers `policy` injected, from `splice.dev/status`.
+fn injected_containers(
+    annotations: Option<&BTreeMap<String, String>>,
+    policy: &str,
+) -> Vec<String> {
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "camelCase")]
+    struct Entry {
+        #[serde(default)]
+        containers: Vec<String>,
+        #[serde(default)]
+        init_containers: Vec<String>,
+    }
+    annotations
+        .and_then(|a| a.get(STATUS_ANNOTATION))
+        .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
+        .and_then(|mut m| m.remove(policy))
+        .map(|e| e.containers.into_iter().chain(e.init_containers).collect())
+        .unwrap_or_default()
+}
+
+async fn publish(
+    recorder: &Recorder,
+    policy: &InjectionPolicy,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let ev = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(crate::policy::error::truncate(note, 1000)),
+        action: "Rollout".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
+        tracing::warn!(policy = %policy.name_any(), error = %e, "could not publish the {reason} Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_halted_rollout_reads_rolled_out_false_halted_naming_the_workload() {
+        let s = RolloutStatus {
+            revision: "r2".into(),
+            phase: RolloutPhase::Halted,
+            halted_by: Some("Deployment/a/w".into()),
+            ..RolloutStatus::default()
+        };
+        let (status, reason, message) = rolled_out(&s);
+        assert_eq!((status, reason), (ConditionStatus::False, "Halted"));
+        assert!(message.contains("Deployment/a/w"), "{message}");
+    }
+
+    #[test]
+    fn a_complete_rollout_reads_rolled_out_true_and_counts_manual_pods() {
+        let s = RolloutStatus {
+            revision: "r2".into(),
+            phase: RolloutPhase::Complete,
+            done: 3,
+            manual: 2,
+            ..RolloutStatus::default()
+        };
+        let (status, reason, message) = rolled_out(&s);
+        assert_eq!((status, reason), (ConditionStatus::True, "Complete"));
+        assert!(message.contains("2 pod(s)"), "{message}");
+    }
+
+    #[test]
+    fn injected_containers_are_read_from_the_status_annotation() {
+        let a: BTreeMap<String, String> = [(
+            STATUS_ANNOTATION.to_owned(),
+            r#"{"mesh":{"hash":"h","containers":["proxy"],"initContainers":["init"]},"x":{"containers":["y"]}}"#
+                .to_owned(),
+        )]
+        .into();
+        assert_eq!(injected_containers(Some(&a), "mesh"), ["proxy", "init"]);
+        assert!(injected_containers(None, "mesh").is_empty());
+    }
+
+    #[test]
+    fn the_reconcilers_view_leaves_the_rollouts_fields_out() {
+        let mut s = InjectionPolicyStatus {
+            rollout: Some(RolloutStatus::default()),
+            ..Default::default()
+        };
+        set_condition(
+            &mut s.conditions,
+            condition::ROLLED_OUT,
+            ConditionStatus::True,
+            "Complete",
+            "",
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        set_condition(
+            &mut s.conditions,
+            condition::READY,
+            ConditionStatus::True,
+            "Configured",
+            "",
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        strip(&mut s);
+        assert!(s.rollout.is_none());
+        assert_eq!(s.conditions.len(), 1);
+    }
+}
