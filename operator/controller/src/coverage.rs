@@ -51,7 +51,8 @@ pub struct PodRecord {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub created: Option<Timestamp>,
-    /// (policy, template hash) for each entry of `splice.dev/status`.
+    /// (policy, version) for each entry of `splice.dev/status`: the template hash, and the data
+    /// digests of `valuesFrom` when it recorded some ([`version`]).
     pub injected: Vec<(String, String)>,
 }
 
@@ -62,6 +63,16 @@ impl PodRecord {
             .find(|(p, _)| p == policy)
             .map(|(_, h)| h.as_str())
     }
+}
+
+/// What a pod's entry must equal to be current: the template hash, then each `valuesFrom`
+/// source's data digest. One string per pod keeps the record compact.
+pub fn version(hash: &str, data: &BTreeMap<String, String>) -> String {
+    let mut v = hash.to_owned();
+    for (source, digest) in data {
+        v.push_str(&format!(" {source}={digest}"));
+    }
+    v
 }
 
 /// The counts for one policy, and a few missed pods to name.
@@ -80,7 +91,8 @@ pub fn count<'a>(
     exclusions: &Exclusions,
     pods: impl IntoIterator<Item = &'a PodRecord>,
 ) -> Count {
-    let hash = policy.template_hash();
+    let current = version(policy.template_hash(), policy.data_digests());
+    let hash = current.as_str();
     let expects_creates = policy
         .spec()
         .operations
@@ -164,6 +176,8 @@ pub fn record(
     struct Entry {
         #[serde(default)]
         hash: String,
+        #[serde(default)]
+        data: BTreeMap<String, String>,
     }
     let injected = meta
         .metadata
@@ -171,7 +185,11 @@ pub fn record(
         .as_ref()
         .and_then(|a| a.get(STATUS_ANNOTATION))
         .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
-        .map(|m| m.into_iter().map(|(p, e)| (p, e.hash)).collect())
+        .map(|m| {
+            m.into_iter()
+                .map(|(p, e)| (p, version(&e.hash, &e.data)))
+                .collect()
+        })
         .unwrap_or_default();
     Some(PodRecord {
         namespace,
@@ -185,7 +203,7 @@ pub fn record(
 /// (uid, generation, compiled policy).
 type CompiledEntry = (Option<String>, Option<i64>, Arc<CompiledPolicy>);
 /// (pod generation, namespace generation, (policy, resourceVersion)…): what the last pass saw.
-type Seen = (u64, u64, Vec<(String, Option<String>)>);
+type Seen = (u64, u64, Vec<(String, Option<String>, String)>);
 
 #[derive(Default)]
 struct Pods {
@@ -249,9 +267,17 @@ pub async fn run(
     loop {
         ticker.tick().await;
         let all = policies.state();
-        let mut fingerprint: Vec<(String, Option<String>)> = all
+        // The served entry's data digests too: a valuesFrom change moves no resourceVersion.
+        let mut fingerprint: Vec<(String, Option<String>, String)> = all
             .iter()
-            .map(|p| (p.name_any(), p.resource_version()))
+            .map(|p| {
+                let name = p.name_any();
+                let data = served
+                    .get(&name)
+                    .map(|c| version("", c.data_digests()))
+                    .unwrap_or_default();
+                (name, p.resource_version(), data)
+            })
             .collect();
         fingerprint.sort();
         let (pods_gen, pods_synced) = {

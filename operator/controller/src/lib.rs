@@ -20,6 +20,7 @@ pub mod policy;
 pub mod probe;
 pub mod retry;
 pub mod runtime;
+pub mod values;
 pub mod verdict;
 
 pub use context::{Context, Settings};

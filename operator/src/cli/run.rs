@@ -64,6 +64,12 @@ pub struct Args {
     #[arg(long, env = "SPLICE_PROBE_INTERVAL", default_value = "60s", value_parser = parse_duration)]
     probe_interval: Duration,
 
+    /// Namespaces whose ConfigMaps and Secrets `spec.valuesFrom` may read (comma-separated;
+    /// default: Splice's own namespace). Every replica watches them; RBAC must grant get, list
+    /// and watch on configmaps and secrets there (the chart's `valuesFrom.namespaces`).
+    #[arg(long, env = "SPLICE_VALUES_NAMESPACES", value_delimiter = ',')]
+    values_namespaces: Vec<String>,
+
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -173,6 +179,11 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             hold: args.fail_closed_hold,
         },
         probe_interval: Some(args.probe_interval).filter(|i| !i.is_zero()),
+        values_namespaces: if args.values_namespaces.is_empty() {
+            vec![args.namespace.clone()]
+        } else {
+            args.values_namespaces.clone()
+        },
     })
 }
 
