@@ -293,6 +293,17 @@ async fn cluster_data_reaches_both_replicas_is_versioned_in_pods_and_a_secret_is
         Some(changed.clone()),
         "the last good data keeps being injected"
     );
+    // The leader (either replica) exports it.
+    let gauge = format!("splice_values_source_problem{{policy=\"{name}\"}} 1");
+    wait_until(Duration::from_secs(30), "the problem gauge", || {
+        let (a, b) = (&s.splice, &b);
+        let gauge = gauge.clone();
+        async move {
+            let text = format!("{}{}", a.metrics().await?, b.metrics().await?);
+            Ok(text.contains(&gauge))
+        }
+    })
+    .await?;
     // Recreated: Ready again, with the new data.
     config_maps
         .create(
@@ -367,6 +378,17 @@ async fn cluster_data_reaches_both_replicas_is_versioned_in_pods_and_a_secret_is
         refusal.contains("spec.template.containers[0].env[0].value")
             && refusal.contains("spec.valuesFrom[0]")
             && !refusal.contains("e2e-secret-value"),
+        "{refusal}"
+    );
+    // A source outside --values-namespaces (Splice's own namespace here) is refused at apply.
+    let mut elsewhere = secret_spec("{{ values.token | sha256 }}");
+    elsewhere["valuesFrom"][0]["secretKeyRef"]["namespace"] = "kube-system".into();
+    let refusal = apply_dry(s.policy("elsewhere"), elsewhere)
+        .await
+        .err()
+        .unwrap_or_default();
+    assert!(
+        refusal.contains("spec.valuesFrom[0]: Secret kube-system/mesh-token"),
         "{refusal}"
     );
     apply_dry(

@@ -76,6 +76,7 @@ pub struct Metrics {
     covered: Mutex<HashSet<String>>,
     probe_duration: Family<PolicyLabel, Histogram, fn() -> Histogram>,
     probe: Family<PolicyResult, Counter>,
+    values_problem: Family<PolicyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -106,6 +107,7 @@ impl Metrics {
                 Histogram::new(PROBE_BUCKETS.iter().copied())
             }),
             probe: Family::default(),
+            values_problem: Family::default(),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -148,7 +150,22 @@ impl Metrics {
             "Admission probes, by policy and result (the Verified condition's reason)",
             metrics.probe.clone(),
         );
+        registry.register(
+            "splice_values_source_problem",
+            "1 while a policy's spec.valuesFrom cannot be rendered (a source missing, outside the allowed namespaces, or data a template cannot render); the last good rendering keeps serving",
+            metrics.values_problem.clone(),
+        );
         metrics
+    }
+
+    /// Records whether `policy`'s `valuesFrom` can be rendered now (Ready's SourceMissing and
+    /// kin).
+    pub fn set_values_problem(&self, policy: &str, problem: bool) {
+        self.values_problem
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(problem));
     }
 
     /// Records whether this replica leads now.

@@ -189,6 +189,27 @@ pub fn sources(spec: &InjectionPolicySpec, default_namespace: &str) -> Vec<Sourc
         .collect()
 }
 
+/// The first entry reading from a namespace outside `allowed`: what apply can check without the
+/// data (the validating webhook), and the first thing [`resolve`] checks.
+pub fn check_namespaces(
+    spec: &InjectionPolicySpec,
+    default_namespace: &str,
+    allowed: &[String],
+) -> Result<(), ValuesFromError> {
+    for (entry, source) in spec.values_from.iter().enumerate() {
+        if let Some((object, _, _)) = entry_source(source, default_namespace)
+            && !allowed.contains(&object.namespace)
+        {
+            return Err(ValuesFromError::NamespaceNotAllowed {
+                entry,
+                object,
+                allowed: allowed.to_vec(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Resolves `spec.valuesFrom` against `data`. `allowed` lists the namespaces values may come
 /// from (`None`: any, offline). An optional object or key that is absent adds nothing, so a
 /// template's `default` applies.
@@ -198,6 +219,9 @@ pub fn resolve(
     allowed: Option<&[String]>,
     data: &DataSources,
 ) -> Result<ResolvedValues, ValuesFromError> {
+    if let Some(allowed) = allowed {
+        check_namespaces(spec, default_namespace, allowed)?;
+    }
     let mut out = ResolvedValues::default();
     // What was read of each object, to digest: key → value (None: the key was absent).
     let mut read: BTreeMap<SourceRef, Option<BTreeMap<String, Option<String>>>> = BTreeMap::new();
@@ -206,15 +230,6 @@ pub fn resolve(
         let Some((object, key, optional)) = entry_source(source, default_namespace) else {
             continue;
         };
-        if let Some(allowed) = allowed
-            && !allowed.contains(&object.namespace)
-        {
-            return Err(ValuesFromError::NamespaceNotAllowed {
-                entry,
-                object,
-                allowed: allowed.to_vec(),
-            });
-        }
         let Some(found) = data.get(&object) else {
             if !optional {
                 return Err(ValuesFromError::SourceMissing {
