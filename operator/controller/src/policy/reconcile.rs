@@ -259,13 +259,9 @@ async fn report(
         policy: &name,
         values_problem: in_force.compiled().and_then(|c| values_problem(ctx, c)),
     };
-    if in_force
-        .compiled()
-        .is_some_and(|c| !c.spec().values_from.is_empty())
-    {
-        ctx.metrics
-            .set_values_problem(&name, observation.values_problem.is_some());
-    }
+    // Every policy exports it (0 without valuesFrom), so the series exists before a problem.
+    ctx.metrics
+        .set_values_problem(&name, observation.values_problem.is_some());
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
