@@ -13,6 +13,8 @@ pub const MAX_INJECTED_VOLUMES: usize = 32;
 pub const MAX_INJECTED_ENV: usize = 128;
 pub const MAX_INJECTED_MOUNTS: usize = 32;
 pub const MAX_VALUES: usize = 64;
+/// At most this many `valuesFrom` entries: each is a watched object on every replica.
+pub const MAX_VALUES_FROM: usize = 16;
 
 /// What to inject into pods, and where. Cluster-scoped: one policy serves every namespace its
 /// `namespaceSelector` selects.
@@ -90,6 +92,14 @@ pub struct InjectionPolicySpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = MAX_VALUES))]
     pub values: BTreeMap<String, String>,
+
+    /// Values read from ConfigMaps and Secrets, merged into `values` in list order after
+    /// `spec.values` (a later entry replaces an earlier key). Every replica watches the objects
+    /// and re-renders when they change. A Secret-fed value may only be read through the
+    /// `sha256` filter, so it never appears in the pod spec.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_VALUES_FROM))]
+    pub values_from: Vec<ValuesFromSource>,
 
     /// What is injected.
     #[serde(default)]
@@ -259,6 +269,69 @@ pub struct InjectionTemplate {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(extend("maxProperties" = MAX_VALUES))]
     pub annotations: BTreeMap<String, String>,
+}
+
+/// One source of `values`: exactly one of `configMapKeyRef`, `secretKeyRef`, `configMapRef`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.configMapKeyRef) ? 1 : 0) + (has(self.secretKeyRef) ? 1 : 0) + (has(self.configMapRef) ? 1 : 0) == 1")
+    .message("exactly one of configMapKeyRef, secretKeyRef, configMapRef must be set"))]
+#[x_kube(validation = Rule::new("has(self.configMapRef) || has(self.name)")
+    .message("name (the values key) is required with configMapKeyRef and secretKeyRef"))]
+#[x_kube(validation = Rule::new("!has(self.configMapRef) || !has(self.name)")
+    .message("name is not allowed with configMapRef (every key is read; use prefix)"))]
+#[x_kube(validation = Rule::new("!has(self.prefix) || has(self.configMapRef)")
+    .message("prefix is only allowed with configMapRef"))]
+pub struct ValuesFromSource {
+    /// The key templates read as `values.<name>` (configMapKeyRef and secretKeyRef).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+    /// One key of a ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<ValuesKeyRef>,
+    /// One key of a Secret; readable only as `{{ values.<name> | sha256 }}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<ValuesKeyRef>,
+    /// Every key of a ConfigMap, read as `values.<prefix><key>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<ValuesObjectRef>,
+    /// Prepended to every key of `configMapRef`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub prefix: Option<String>,
+}
+
+/// A key of a ConfigMap or Secret.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValuesKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// Defaults to Splice's own namespace; must be one of `splice run --values-namespaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// When true, an absent object or key leaves the value out (a template's `default` applies).
+    #[serde(default)]
+    pub optional: bool,
+}
+
+/// A whole ConfigMap.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ValuesObjectRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Defaults to Splice's own namespace; must be one of `splice run --values-namespaces`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: Option<String>,
+    /// When true, an absent object contributes no values.
+    #[serde(default)]
+    pub optional: bool,
 }
 
 #[derive(

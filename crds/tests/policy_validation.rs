@@ -123,12 +123,13 @@ fn the_crd_uses_only_schema_keywords_and_formats_the_offline_validator_knows() {
         unknown.is_empty(),
         "formats validate_policy ignores: {unknown:?}"
     );
-    // Every CEL rule is there to be evaluated (the fixtures show kube-cel evaluates them):
-    // operations, injected names, rollout.canary, rollout.timeout.
+    // The CEL rules are there to be evaluated (the fixtures show kube-cel evaluates them): on
+    // operations, on the template, on rollout.canary and rollout.timeout, and the four on each
+    // valuesFrom entry.
     let rules = policy_schema()
         .expect("the schema renders")
         .to_string()
         .matches("x-kubernetes-validations")
         .count();
-    assert_eq!(rules, 4);
+    assert_eq!(rules, 5);
 }

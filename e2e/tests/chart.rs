@@ -184,6 +184,37 @@ fn values_for_image_replicas_log_format_lifetimes_and_probe_interval_reach_the_d
 }
 
 #[test]
+fn values_from_namespaces_reach_the_deployment_and_grant_read_only_there() {
+    let chart = objects(
+        &render_chart(
+            "splice-system",
+            &["valuesFrom.namespaces={splice-system,mesh-system}"],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let container = chart
+        .get("Deployment splice-system/splice")
+        .and_then(|d| d.pointer("/spec/template/spec/containers/0"))
+        .unwrap();
+    let values_namespaces = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "SPLICE_VALUES_NAMESPACES")
+        .and_then(|e| e["value"].as_str());
+    assert_eq!(values_namespaces, Some("splice-system,mesh-system"));
+    let role = chart.get("Role mesh-system/splice-values").unwrap();
+    assert_eq!(
+        role.pointer("/rules/0/verbs"),
+        Some(&serde_json::json!(["get", "list", "watch"]))
+    );
+    assert!(chart.contains_key("RoleBinding mesh-system/splice-values"));
+    // Splice's own namespace is covered by its Role already.
+    assert!(!chart.contains_key("Role splice-system/splice-values"));
+}
+
+#[test]
 fn helm_lint_passes_with_default_and_with_monitoring_values() {
     let helm = helm().unwrap();
     run(&helm, &["lint", "--strict", "deploy/chart"], None).unwrap();

@@ -669,3 +669,83 @@ spec:
         "{warning}"
     );
 }
+
+const VALUES_FROM_POLICY: &str = r#"apiVersion: splice.dev/v1alpha1
+kind: InjectionPolicy
+metadata:
+  name: mesh
+spec:
+  values: {proxyImage: from-spec}
+  valuesFrom:
+    - name: proxyImage
+      configMapKeyRef: {name: mesh-config, key: image}
+    - name: token
+      secretKeyRef: {name: mesh-token, key: token}
+  template:
+    containers:
+      - name: proxy
+        image: "{{ values.proxyImage }}"
+    annotations:
+      mesh.example/token: "{{ values.token | sha256 }}"
+"#;
+
+const VALUES_SOURCES: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata: {name: mesh-config, namespace: splice-system}
+data: {image: registry.example/proxy:2.0}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: mesh-token, namespace: splice-system}
+stringData: {token: offline-secret}
+"#;
+
+#[test]
+fn values_from_files_feed_templates_and_only_a_secrets_fingerprint_reaches_the_pod() {
+    let ws = Workspace::new();
+    let sources = ws.file("sources.yaml", VALUES_SOURCES);
+    let run = inject(
+        &ws,
+        &[VALUES_FROM_POLICY],
+        &pod("web", "shop", "{app: web}"),
+        &["--values-from", &sources.display().to_string()],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let doc = &run.documents()[0];
+    assert_eq!(
+        doc["spec"]["containers"][1]["image"], "registry.example/proxy:2.0",
+        "a valuesFrom entry replaces spec.values: {doc:#}"
+    );
+    assert!(!run.stdout.contains("offline-secret"), "{run:?}");
+    let status = doc["metadata"]["annotations"]["splice.dev/status"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        status.contains("ConfigMap splice-system/mesh-config"),
+        "the data digest is recorded per source: {status}"
+    );
+}
+
+#[test]
+fn a_missing_values_from_source_is_an_error_naming_the_policy_the_entry_and_the_object() {
+    let ws = Workspace::new();
+    let sources = ws.file(
+        "sources.yaml",
+        VALUES_SOURCES.split("---").next().unwrap_or_default(),
+    );
+    let run = inject(
+        &ws,
+        &[VALUES_FROM_POLICY],
+        &pod("web", "shop", "{app: web}"),
+        &["--values-from", &sources.display().to_string()],
+    );
+    assert_eq!(run.code, 2, "{run:?}");
+    for part in [
+        "policy \"mesh\"",
+        "spec.valuesFrom[1]",
+        "Secret splice-system/mesh-token key token",
+    ] {
+        assert!(run.stderr.contains(part), "{part}: {run:?}");
+    }
+    assert!(run.stdout.is_empty(), "no partial output: {run:?}");
+}

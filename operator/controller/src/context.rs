@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::policy::error::Error;
 use crate::policy::render::ClientTarget;
 use crate::policy::{neighbours, serving};
+use crate::values::ValuesCache;
 
 /// Everything `splice run` is configured with.
 #[derive(Clone, Debug)]
@@ -46,6 +47,9 @@ pub struct Settings {
     pub probe_interval: Option<Duration>,
     /// Cluster-wide cap on workloads the rollout restarts at once, across all policies.
     pub rollout_max_concurrent: usize,
+    /// Namespaces `spec.valuesFrom` may read ConfigMaps and Secrets from (watched by every
+    /// replica); a source elsewhere is refused.
+    pub values_namespaces: Vec<String>,
 }
 
 /// What every reconcile reads and shares.
@@ -78,6 +82,8 @@ pub struct Context {
     pub instance: String,
     /// The spec each policy serves, for grouping policies into shared webhook entries.
     pub served: serving::ServedSpecs,
+    /// The data of `valuesFrom`, to report a missing source in Ready.
+    pub values: Arc<ValuesCache>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -125,9 +131,18 @@ impl Context {
                 settings.policy_selector.as_deref().unwrap_or_default()
             ),
             served: serving::ServedSpecs::default(),
+            values: Arc::new(ValuesCache::new(
+                settings.values_namespaces.clone(),
+                settings.namespace.clone(),
+            )),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
+    }
+
+    pub fn with_values(mut self, values: Arc<ValuesCache>) -> Self {
+        self.values = values;
+        self
     }
 
     pub fn with_serving(mut self, serving: watch::Receiver<Serving>) -> Self {
@@ -248,6 +263,7 @@ pub(crate) mod tests {
             },
             probe_interval: Some(Duration::from_secs(60)),
             rollout_max_concurrent: crate::rollout::DEFAULT_MAX_CONCURRENT,
+            values_namespaces: vec!["splice-system".into()],
         }
     }
 }

@@ -52,7 +52,8 @@ pub struct PodRecord {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub created: Option<Timestamp>,
-    /// (policy, template hash) for each entry of `splice.dev/status`.
+    /// (policy, version) for each entry of `splice.dev/status`: the template hash, and the data
+    /// digests of `valuesFrom` when it recorded some ([`version`]).
     pub injected: Vec<(String, String)>,
     /// The kind of its controller, so the rollout knows which workload can replace it.
     pub owner: PodOwner,
@@ -65,6 +66,22 @@ impl PodRecord {
             .find(|(p, _)| p == policy)
             .map(|(_, h)| h.as_str())
     }
+}
+
+/// What a pod's entry must equal to be current: the template hash, then each `valuesFrom`
+/// source's data digest. One string per pod keeps the record compact.
+pub fn version(hash: &str, data: &BTreeMap<String, String>) -> String {
+    let mut v = hash.to_owned();
+    for (source, digest) in data {
+        v.push_str(&format!(" {source}={digest}"));
+    }
+    v
+}
+
+/// The version of `policy` a current pod carries: what coverage compares and what a rollout
+/// restarts workloads for.
+pub fn revision(policy: &CompiledPolicy) -> String {
+    version(policy.template_hash(), policy.data_digests())
 }
 
 /// The counts for one policy, and a few missed pods to name.
@@ -92,7 +109,7 @@ pub fn classify<'a>(
     exclusions: &'a Exclusions,
     pods: impl IntoIterator<Item = &'a PodRecord> + 'a,
 ) -> impl Iterator<Item = (&'a PodRecord, PodState)> + 'a {
-    let hash = policy.template_hash();
+    let current = revision(policy);
     let expects_creates = policy
         .spec()
         .operations
@@ -119,7 +136,7 @@ pub fn classify<'a>(
             return None;
         }
         let state = match pod.recorded_hash(policy.name()) {
-            Some(h) if h == hash => PodState::Current,
+            Some(h) if h == current => PodState::Current,
             Some(_) => PodState::Outdated,
             None => {
                 let after = match (pod.created, missable_after) {
@@ -173,18 +190,24 @@ pub fn in_force_since(policy: &InjectionPolicy) -> Option<Timestamp> {
     (c.status == "True" && !policy.spec.paused).then_some(c.last_transition_time.0)
 }
 
-/// (policy, template hash) for each entry of a pod's `splice.dev/status`; none when it is absent
+/// (policy, [`version`]) for each entry of a pod's `splice.dev/status`; none when it is absent
 /// or unreadable.
-pub fn injected_hashes(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+pub fn injected_versions(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
     #[derive(serde::Deserialize)]
     struct Entry {
         #[serde(default)]
         hash: String,
+        #[serde(default)]
+        data: BTreeMap<String, String>,
     }
     annotations
         .and_then(|a| a.get(STATUS_ANNOTATION))
         .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
-        .map(|m| m.into_iter().map(|(p, e)| (p, e.hash)).collect())
+        .map(|m| {
+            m.into_iter()
+                .map(|(p, e)| (p, version(&e.hash, &e.data)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -202,7 +225,7 @@ pub fn record(
             n
         }
     };
-    let injected = injected_hashes(meta.metadata.annotations.as_ref());
+    let injected = injected_versions(meta.metadata.annotations.as_ref());
     let owner = meta
         .metadata
         .owner_references
@@ -224,7 +247,7 @@ pub fn record(
 /// (uid, generation, compiled policy).
 type CompiledEntry = (Option<String>, Option<i64>, Arc<CompiledPolicy>);
 /// (pod generation, namespace generation, (policy, resourceVersion)…): what the last pass saw.
-type Seen = (u64, u64, Vec<(String, Option<String>)>);
+type Seen = (u64, u64, Vec<(String, Option<String>, String)>);
 
 /// The leader's pods, from its one metadata-only watch ([`watch_pods`]), read by coverage and
 /// by the rollout.
@@ -303,9 +326,17 @@ pub async fn run(
     loop {
         ticker.tick().await;
         let all = policies.state();
-        let mut fingerprint: Vec<(String, Option<String>)> = all
+        // The served entry's data digests too: a valuesFrom change moves no resourceVersion.
+        let mut fingerprint: Vec<(String, Option<String>, String)> = all
             .iter()
-            .map(|p| (p.name_any(), p.resource_version()))
+            .map(|p| {
+                let name = p.name_any();
+                let data = served
+                    .get(&name)
+                    .map(|c| version("", c.data_digests()))
+                    .unwrap_or_default();
+                (name, p.resource_version(), data)
+            })
             .collect();
         fingerprint.sort();
         let (pods_gen, pods_synced) = {

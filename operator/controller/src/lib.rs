@@ -21,6 +21,7 @@ pub mod probe;
 pub mod retry;
 pub mod rollout;
 pub mod runtime;
+pub mod values;
 pub mod verdict;
 
 pub use context::{Context, Settings};

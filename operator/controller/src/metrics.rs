@@ -120,6 +120,7 @@ pub struct Metrics {
     rollout: Family<PolicyState, Gauge>,
     /// Policies whose rollout is exported now.
     rolling: Mutex<HashSet<String>>,
+    values_problem: Family<PolicyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -152,6 +153,7 @@ impl Metrics {
             probe: Family::default(),
             rollout: Family::default(),
             rolling: Mutex::new(HashSet::new()),
+            values_problem: Family::default(),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -199,7 +201,22 @@ impl Metrics {
             "Workloads of a policy's rollout (spec.rollout), by state: outdated (waiting), restarting, done, failed; manual counts pods no restart replaces; halted is 1 while the rollout is halted",
             metrics.rollout.clone(),
         );
+        registry.register(
+            "splice_values_source_problem",
+            "1 while a policy's spec.valuesFrom cannot be rendered (a source missing, outside the allowed namespaces, or data a template cannot render); the last good rendering keeps serving",
+            metrics.values_problem.clone(),
+        );
         metrics
+    }
+
+    /// Records whether `policy`'s `valuesFrom` can be rendered now (Ready's SourceMissing and
+    /// kin).
+    pub fn set_values_problem(&self, policy: &str, problem: bool) {
+        self.values_problem
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(problem));
     }
 
     /// Records whether this replica leads now.

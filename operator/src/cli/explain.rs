@@ -243,6 +243,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 injection: match &injected {
                     Some(e) => InjectionState::Outdated {
                         recorded_hash: e.hash.clone(),
+                        changed_sources: Vec::new(),
                     },
                     None => InjectionState::NotInjected,
                 },
@@ -526,7 +527,16 @@ fn state_text(s: &InjectionState) -> String {
     match s {
         InjectionState::NotInjected => "not injected".into(),
         InjectionState::Current => "current".into(),
-        InjectionState::Outdated { recorded_hash } => format!("outdated (was {recorded_hash})"),
+        InjectionState::Outdated {
+            recorded_hash,
+            changed_sources,
+        } if changed_sources.is_empty() => format!("outdated (was {recorded_hash})"),
+        InjectionState::Outdated {
+            changed_sources, ..
+        } => format!(
+            "outdated (valuesFrom data changed: {})",
+            changed_sources.join(", ")
+        ),
     }
 }
 
@@ -537,6 +547,11 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
     offline::stdin_at_most_once(args.policies.iter().chain([&file.to_path_buf()]))?;
     let mut loaded = offline::load_policies(&args.policies)?;
     let paused = offline::without_paused(&mut loaded);
+    offline::resolve_values_from(
+        &mut loaded,
+        &args.namespace.values_from,
+        &args.namespace.splice_namespace,
+    )?;
     let offline::Subject {
         title,
         pod,
@@ -633,21 +648,34 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
         .await
         .map_err(|e| format!("reading namespace {ns_name}: {e}"))?
         .ok_or_else(|| format!("namespace {ns_name:?} not found"))?;
-    let list = Api::<InjectionPolicy>::all(client)
+    let list = Api::<InjectionPolicy>::all(client.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("listing InjectionPolicies: {e}"))?;
+    let data = values_data(&client, &list.items, &args.namespace.splice_namespace).await;
     let mut policies: Vec<PolicyInput> = list
         .items
         .iter()
         .map(|p| {
             let name = p.name_any();
+            let generation = p.metadata.generation.unwrap_or_default();
+            // With the data it reads now, so explain can name the source a pod's data trails.
+            let resolved = (!p.spec.values_from.is_empty())
+                .then(|| {
+                    splice_engine::values_from::resolve(
+                        &p.spec,
+                        &args.namespace.splice_namespace,
+                        None,
+                        &data,
+                    )
+                    .ok()
+                })
+                .flatten();
             PolicyInput {
-                compiled: CompiledPolicy::compile(
-                    &name,
-                    p.metadata.generation.unwrap_or_default(),
-                    &p.spec,
-                )
+                compiled: match &resolved {
+                    Some(r) => CompiledPolicy::compile_with(&name, generation, &p.spec, r),
+                    None => CompiledPolicy::compile(&name, generation, &p.spec),
+                }
                 .map_err(|e| e.to_string()),
                 paused: p.spec.paused,
                 probe: ProbeReport::from_status(p.status.as_ref()),
@@ -672,6 +700,47 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
         exclusions: args.namespace.exclusions(),
         policies,
     })
+}
+
+/// The ConfigMaps and Secrets the policies' `valuesFrom` read, as far as this user may read
+/// them (one that cannot be read leaves that policy compared by template hash alone).
+async fn values_data(
+    client: &kube::Client,
+    policies: &[splice_crds::InjectionPolicy],
+    splice_namespace: &str,
+) -> splice_engine::DataSources {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::Api;
+    use splice_engine::{SourceKind, values_from};
+    let mut data = splice_engine::DataSources::default();
+    let mut wanted: Vec<splice_engine::SourceRef> = policies
+        .iter()
+        .flat_map(|p| values_from::sources(&p.spec, splice_namespace))
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    for object in wanted {
+        let values = match object.kind {
+            SourceKind::ConfigMap => {
+                Api::<ConfigMap>::namespaced(client.clone(), &object.namespace)
+                    .get_opt(&object.name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|cm| values_from::config_map_data(&cm))
+            }
+            SourceKind::Secret => Api::<Secret>::namespaced(client.clone(), &object.namespace)
+                .get_opt(&object.name)
+                .await
+                .ok()
+                .flatten()
+                .map(|s| values_from::secret_data(&s)),
+        };
+        if let Some(values) = values {
+            data.insert(object, values);
+        }
+    }
+    data
 }
 
 #[cfg(test)]

@@ -92,6 +92,11 @@ fn run(args: &Args) -> Result<Report, InputError> {
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain(&args.files))?;
     let mut policies = offline::load_policies(&args.policies)?;
+    offline::resolve_values_from(
+        &mut policies,
+        &args.namespace.values_from,
+        &args.namespace.splice_namespace,
+    )?;
     let policy_warnings = offline::policy_warnings(&policies);
     let paused = offline::without_paused(&mut policies);
     let mut warnings: Vec<String> = paused

@@ -10,13 +10,16 @@ use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
 use splice_engine::entry::{Member, Plan};
+use splice_engine::values_from;
 use splice_engine::{
-    self, CompiledPolicy, Decision, EngineError, Exclusions, NamespaceContext, Pod, PodRequest,
-    Selection, SkipReason,
+    self, CompiledPolicy, DataSources, Decision, EngineError, Exclusions, NamespaceContext, Pod,
+    PodRequest, Selection, SkipReason, SourceKind, SourceRef, ValuesFromError,
 };
 
 /// The API group and kind a policy document must declare.
@@ -160,6 +163,9 @@ pub(crate) struct LoadedPolicy {
     pub origin: String,
     pub reinvocation: ReinvocationPolicy,
     pub compiled: CompiledPolicy,
+    /// The file and document it was read from, for errors about its `valuesFrom`.
+    pub file: String,
+    pub document: usize,
 }
 
 /// Reads every policy in `paths` (files, `-`, or directories of `*.yaml`/`*.yml`/`*.json`), checks
@@ -326,6 +332,8 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
         name,
         reinvocation: spec.reinvocation_policy,
         compiled,
+        file: file.to_owned(),
+        document: doc.index,
     })
 }
 
@@ -507,6 +515,106 @@ pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
     Ok((k.to_owned(), v.to_owned()))
 }
 
+/// Reads the ConfigMaps and Secrets of `--values-from` files (multi-document YAML; other kinds
+/// are an error naming the document).
+pub(crate) fn read_values_from(paths: &[PathBuf]) -> Result<DataSources, InputError> {
+    let mut data = DataSources::default();
+    for path in paths {
+        let source = Source::read(path)?;
+        for doc in documents(&source)? {
+            let at = |message: String| InputError::document(&source.name, doc.index, message);
+            let kind = doc.value.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+            let object = |meta: &ObjectMeta| {
+                let name = meta
+                    .name
+                    .clone()
+                    .ok_or_else(|| at("missing".into()).with_field("metadata.name"))?;
+                let namespace = meta.namespace.clone().unwrap_or_else(|| "default".into());
+                Ok::<_, InputError>((namespace, name))
+            };
+            let (kind, (namespace, name), values) = match kind {
+                "ConfigMap" => {
+                    let cm: ConfigMap = serde_yaml::from_value(doc.value.clone())
+                        .map_err(|e| at(format!("not a ConfigMap: {e}")))?;
+                    (
+                        SourceKind::ConfigMap,
+                        object(&cm.metadata)?,
+                        values_from::config_map_data(&cm),
+                    )
+                }
+                "Secret" => {
+                    let secret: Secret = serde_yaml::from_value(doc.value.clone())
+                        .map_err(|e| at(format!("not a Secret: {e}")))?;
+                    (
+                        SourceKind::Secret,
+                        object(&secret.metadata)?,
+                        values_from::secret_data(&secret),
+                    )
+                }
+                other => {
+                    return Err(at(format!(
+                        "kind {other:?} is not ConfigMap or Secret (--values-from reads only those)"
+                    ))
+                    .with_field("kind"));
+                }
+            };
+            data.insert(
+                SourceRef {
+                    kind,
+                    namespace,
+                    name,
+                },
+                values,
+            );
+        }
+    }
+    Ok(data)
+}
+
+/// Compiles again, with their data, the policies that have `spec.valuesFrom`, resolved by the
+/// webhook's own function against the `--values-from` files; a missing source is an error
+/// naming the policy, the entry and the object and key.
+pub(crate) fn resolve_values_from(
+    policies: &mut [LoadedPolicy],
+    paths: &[PathBuf],
+    splice_namespace: &str,
+) -> Result<(), InputError> {
+    if policies
+        .iter()
+        .all(|p| p.compiled.spec().values_from.is_empty())
+    {
+        return Ok(());
+    }
+    let data = read_values_from(paths)?;
+    for p in policies.iter_mut() {
+        let spec = p.compiled.spec();
+        if spec.values_from.is_empty() {
+            continue;
+        }
+        let error = |field: String, message: String| {
+            InputError::document(&p.file, p.document, message)
+                .with_subject(format!("policy \"{}\"", p.name))
+                .with_field(field)
+        };
+        let resolved = values_from::resolve(spec, splice_namespace, None, &data).map_err(|e| {
+            let message = match &e {
+                ValuesFromError::SourceMissing { object, key, .. } => format!(
+                    "{object}{} not found in the --values-from files",
+                    key.as_deref()
+                        .map(|k| format!(" key {k}"))
+                        .unwrap_or_default()
+                ),
+                other => other.to_string(),
+            };
+            error(e.field(), message)
+        })?;
+        p.compiled =
+            CompiledPolicy::compile_with(&p.name, p.compiled.generation(), spec, &resolved)
+                .map_err(|e| InputError::document(&p.file, p.document, e.to_string()))?;
+    }
+    Ok(())
+}
+
 /// The namespace flags shared by `inject` and `simulate`.
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct NamespaceArgs {
@@ -518,9 +626,14 @@ pub(crate) struct NamespaceArgs {
     /// kubernetes.io/metadata.name=<namespace> is always set, as the API server does.
     #[arg(long = "namespace-label", value_name = "K=V", value_parser = parse_label)]
     pub namespace_labels: Vec<(String, String)>,
-    /// Splice's own namespace, never injected (like kube-system and kube-node-lease).
+    /// Splice's own namespace, never injected (like kube-system and kube-node-lease); also
+    /// where a `valuesFrom` entry without a namespace reads.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SPLICE_NAMESPACE)]
     pub splice_namespace: String,
+    /// ConfigMaps and Secrets (multi-document YAML) the policies' `spec.valuesFrom` read
+    /// (repeatable).
+    #[arg(long = "values-from", value_name = "FILE")]
+    pub values_from: Vec<PathBuf>,
 }
 
 impl NamespaceArgs {
@@ -1159,6 +1272,7 @@ mod tests {
             namespace: None,
             namespace_labels: vec![("mesh".into(), "enabled".into())],
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
+            values_from: Vec::new(),
         };
         let ctx = args.context(Some("shop"));
         assert_eq!(ctx.name, "shop");
@@ -1181,6 +1295,7 @@ mod tests {
             namespace: Some("prod".into()),
             namespace_labels: vec![(NAMESPACE_NAME_LABEL.into(), "dev".into())],
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
+            values_from: Vec::new(),
         };
         assert!(args.validate().is_err());
     }

@@ -69,6 +69,11 @@ pub struct Args {
     /// policies.
     #[arg(long, env = "SPLICE_ROLLOUT_MAX_CONCURRENT", default_value_t = splice_controller::rollout::DEFAULT_MAX_CONCURRENT, value_parser = clap::value_parser!(u16).range(1..).map(usize::from))]
     rollout_max_concurrent: usize,
+    /// Namespaces whose ConfigMaps and Secrets `spec.valuesFrom` may read (comma-separated;
+    /// default: Splice's own namespace). Every replica watches them; RBAC must grant get, list
+    /// and watch on configmaps and secrets there (the chart's `valuesFrom.namespaces`).
+    #[arg(long, env = "SPLICE_VALUES_NAMESPACES", value_delimiter = ',')]
+    values_namespaces: Vec<String>,
 
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
@@ -180,6 +185,11 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         },
         probe_interval: Some(args.probe_interval).filter(|i| !i.is_zero()),
         rollout_max_concurrent: args.rollout_max_concurrent,
+        values_namespaces: if args.values_namespaces.is_empty() {
+            vec![args.namespace.clone()]
+        } else {
+            args.values_namespaces.clone()
+        },
     })
 }
 

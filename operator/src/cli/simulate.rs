@@ -61,6 +61,11 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain([&args.file]))?;
     let mut policies = offline::load_policies(&args.policies)?;
+    offline::resolve_values_from(
+        &mut policies,
+        &args.namespace.values_from,
+        &args.namespace.splice_namespace,
+    )?;
     let warnings = offline::policy_warnings(&policies);
     let paused = offline::without_paused(&mut policies);
     let subject = offline::read_subject(&args.file)?;

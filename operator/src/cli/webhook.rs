@@ -39,6 +39,10 @@ pub struct Args {
     /// Splice's own namespace, never injected (like kube-system and kube-node-lease).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SPLICE_NAMESPACE)]
     splice_namespace: String,
+    /// ConfigMaps and Secrets (multi-document YAML) the policies' `spec.valuesFrom` read
+    /// (repeatable); read once at start.
+    #[arg(long = "values-from", value_name = "FILE")]
+    values_from: Vec<PathBuf>,
     /// Also serve the benchmark baselines `POST /null` (allowed, without parsing the object) and
     /// `POST /null/read` (allowed after reading the review as /inject does, without the engine).
     /// Only in a binary built with the `bench-baselines` feature.
@@ -76,7 +80,9 @@ pub fn main(args: Args) -> ExitCode {
 
 fn run(args: Args) -> Result<()> {
     // Everything that can be wrong with the input is checked before a socket is opened.
-    let loaded = offline::load_policies(&args.policies)?;
+    let mut loaded = offline::load_policies(&args.policies)?;
+    // Served with their data, never with the stand-ins apply checks with.
+    offline::resolve_values_from(&mut loaded, &args.values_from, &args.splice_namespace)?;
     let resolver = Arc::new(CertResolver::new());
     load_certificate(&resolver, &args.tls_cert, &args.tls_key)?;
 

@@ -72,10 +72,15 @@ fn bench(c: &mut Criterion) {
         "\"--policy={{ policy.name }}\"",
         "\"--pod={{ pod.metadata.name }}\"",
     ));
+    let from_cluster = values_from_variant();
     let mut group = c.benchmark_group("inject");
     for (name, pod) in PODS {
         group.throughput(Throughput::Bytes(pod.len() as u64));
-        for (variant, policy) in [("sidecar", &sidecar), ("sidecar-reads-pod", &reads_pod)] {
+        for (variant, policy) in [
+            ("sidecar", &sidecar),
+            ("sidecar-reads-pod", &reads_pod),
+            ("sidecar-values-from", &from_cluster),
+        ] {
             let req = Req {
                 object: pod,
                 namespace: &ns,
@@ -187,6 +192,55 @@ fn bench(c: &mut Criterion) {
         });
     }
     group.finish();
+}
+
+/// The same policy with both images read from a ConfigMap and a Secret's fingerprint as an
+/// annotation (`spec.valuesFrom`), compiled with that data as every replica compiles it: the
+/// request path renders from the compiled policy either way, so the two rows should match.
+fn values_from_variant() -> CompiledPolicy {
+    use splice_crds::InjectionPolicy;
+    use splice_engine::values_from::{self, DataSources, SourceKind, SourceRef};
+    let mut p: InjectionPolicy = serde_yaml::from_str(POLICY).expect("policy YAML");
+    for key in ["proxyImage", "initImage"] {
+        p.spec.values.remove(key);
+    }
+    p.spec.values_from = serde_json::from_value(serde_json::json!([
+        {"name": "proxyImage", "configMapKeyRef": {"name": "mesh-config", "key": "proxy"}},
+        {"name": "initImage", "configMapKeyRef": {"name": "mesh-config", "key": "init"}},
+        {"name": "token", "secretKeyRef": {"name": "mesh-token", "key": "token"}},
+    ]))
+    .expect("valuesFrom");
+    p.spec.template.annotations.insert(
+        "mesh.example/token".into(),
+        "{{ values.token | sha256 }}".into(),
+    );
+    let mut data = DataSources::default();
+    let object = |kind, name: &str| SourceRef {
+        kind,
+        namespace: "splice-system".into(),
+        name: name.into(),
+    };
+    data.insert(
+        object(SourceKind::ConfigMap, "mesh-config"),
+        [
+            (
+                "proxy".to_owned(),
+                "registry.example/mesh/proxy:1.4.2".to_owned(),
+            ),
+            (
+                "init".to_owned(),
+                "registry.example/mesh/proxy-init:1.4.2".to_owned(),
+            ),
+        ]
+        .into(),
+    );
+    data.insert(
+        object(SourceKind::Secret, "mesh-token"),
+        [("token".to_owned(), "bench-token".to_owned())].into(),
+    );
+    let resolved =
+        values_from::resolve(&p.spec, "splice-system", None, &data).expect("sources resolve");
+    CompiledPolicy::compile_with("mesh-proxy", 3, &p.spec, &resolved).expect("compiles")
 }
 
 criterion_group!(benches, bench);

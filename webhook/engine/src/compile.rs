@@ -33,6 +33,8 @@ pub struct CompiledPolicy {
     pub(crate) pod_security: PodSecurity,
     /// What the policy will do that its author probably did not mean.
     pub(crate) warnings: Vec<PolicyWarning>,
+    /// Per `valuesFrom` source, the digest of the data rendered (empty without data).
+    pub(crate) data: BTreeMap<String, String>,
 }
 
 impl CompiledPolicy {
@@ -40,10 +42,34 @@ impl CompiledPolicy {
     /// (e.g. `spec.template.containers[0].image`) when a template does not parse, a selector is
     /// invalid, or the injected content holds what Pod Security `baseline` forbids while
     /// `spec.allowPrivileged` is false.
+    ///
+    /// A policy with `spec.valuesFrom` compiles here with stand-ins for its data (what apply can
+    /// check); [`Self::compile_with`] compiles it with the data it serves.
     pub fn compile(
         name: &str,
         generation: i64,
         spec: &InjectionPolicySpec,
+    ) -> Result<Self, PolicyError> {
+        Self::compile_data(name, generation, spec, None)
+    }
+
+    /// Compiles `spec` with its `valuesFrom` resolved ([`values_from::resolve`]): the values
+    /// merged after `spec.values`, Secret-fed ones readable only through `sha256`, and the data
+    /// digests recorded in each pod's `splice.dev/status`.
+    pub fn compile_with(
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
+        data: &ResolvedValues,
+    ) -> Result<Self, PolicyError> {
+        Self::compile_data(name, generation, spec, Some(data))
+    }
+
+    fn compile_data(
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
+        data: Option<&ResolvedValues>,
     ) -> Result<Self, PolicyError> {
         let policy = name.to_owned();
         let selector = |sel, field: &str| {
@@ -89,12 +115,13 @@ impl CompiledPolicy {
                 }
             }
         }
-        let templates =
-            Templates::compile(name, generation, spec).map_err(|e| PolicyError::Template {
+        let templates = Templates::compile_with(name, generation, spec, data).map_err(|e| {
+            PolicyError::Template {
                 policy: policy.clone(),
                 field: e.field,
                 message: e.message,
-            })?;
+            }
+        })?;
         check_unique(&policy, &templates)?;
         let pod_security = podsecurity::assess(&templates);
         if !spec.allow_privileged
@@ -110,7 +137,7 @@ impl CompiledPolicy {
                 ),
             });
         }
-        let (policy_ctx, values_ctx) = template::static_context(name, generation, spec);
+        let (policy_ctx, values_ctx) = template::static_context_with(name, generation, spec, data);
         let static_ctx =
             minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
         let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);
@@ -140,6 +167,7 @@ impl CompiledPolicy {
             plan_cache: cache::PlanCache::default(),
             pod_security,
             warnings,
+            data: data.map(|d| d.digests.clone()).unwrap_or_default(),
         })
     }
     /// The strictest Pod Security level the injected content satisfies, and why no stricter one.
@@ -158,6 +186,11 @@ impl CompiledPolicy {
     /// name); recorded in `splice.dev/status` and `status.templateHash`.
     pub fn template_hash(&self) -> &str {
         &self.hash
+    }
+    /// Per `valuesFrom` source (`ConfigMap ns/name`), the digest of the data this compilation
+    /// renders; empty when compiled without data.
+    pub fn data_digests(&self) -> &BTreeMap<String, String> {
+        &self.data
     }
     pub fn spec(&self) -> &InjectionPolicySpec {
         &self.spec

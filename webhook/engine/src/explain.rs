@@ -74,9 +74,12 @@ pub enum InjectionState {
     NotInjected,
     /// Injected with the template the policy has now.
     Current,
-    /// Injected with an earlier template (the hash it recorded differs from the policy's).
+    /// Injected with an earlier template (the hash it recorded differs from the policy's), or
+    /// with data of `valuesFrom` that has changed since (`changed_sources` names the objects).
     Outdated {
         recorded_hash: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changed_sources: Vec<String>,
     },
 }
 
@@ -146,23 +149,43 @@ pub fn selects_pod(policy: &CompiledPolicy, pod_labels: &BTreeMap<String, String
             .matches(|k| pod_labels.get(k).map(String::as_str))
 }
 
-/// Compares what the pod recorded for `policy` with the policy's current template hash.
+/// Compares what the pod recorded for `policy` with the policy's current template hash and, when
+/// the policy was compiled with its `valuesFrom` data, with the digest of each source.
 pub fn injection_state(policy: &CompiledPolicy, provenance: &Provenance) -> InjectionState {
-    state_for_hash(
-        policy,
-        provenance.get(policy.name()).map(|e| e.hash.as_str()),
-    )
+    let Some(entry) = provenance.get(policy.name()) else {
+        return InjectionState::NotInjected;
+    };
+    let changed_sources = changed_sources(policy.data_digests(), &entry.data);
+    if entry.hash == policy.template_hash() && changed_sources.is_empty() {
+        return InjectionState::Current;
+    }
+    InjectionState::Outdated {
+        recorded_hash: entry.hash.clone(),
+        changed_sources,
+    }
 }
 
-/// Like [`injection_state`], from the recorded hash alone (what a compact pod record keeps).
-pub fn state_for_hash(policy: &CompiledPolicy, recorded: Option<&str>) -> InjectionState {
-    match recorded {
-        None => InjectionState::NotInjected,
-        Some(h) if h == policy.template_hash() => InjectionState::Current,
-        Some(h) => InjectionState::Outdated {
-            recorded_hash: h.to_owned(),
-        },
+/// The sources whose digest in `current` differs from the one `recorded` (a source only one of
+/// them has counts as changed). Empty when `current` is (compiled without data: nothing known).
+pub fn changed_sources(
+    current: &BTreeMap<String, String>,
+    recorded: &BTreeMap<String, String>,
+) -> Vec<String> {
+    if current.is_empty() {
+        return Vec::new();
     }
+    let mut names: Vec<String> = current
+        .iter()
+        .filter(|(k, v)| recorded.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    names.extend(
+        recorded
+            .keys()
+            .filter(|k| !current.contains_key(*k))
+            .cloned(),
+    );
+    names
 }
 
 /// Names the first requirement of `selector` that `get` fails, as a field path plus what it asks
@@ -381,6 +404,7 @@ mod tests {
         assert_eq!(
             injection_state(&p, &prov),
             InjectionState::Outdated {
+                changed_sources: Vec::new(),
                 recorded_hash: "old".into()
             }
         );

@@ -232,6 +232,7 @@ fn run(
     let plan = plan::plan(plan::PlanInput {
         policy: &policy.name,
         hash: &policy.hash,
+        data: &policy.data,
         facts: &facts,
         earlier: status.annotated.then_some(plan::Earlier {
             status: &status,

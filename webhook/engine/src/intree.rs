@@ -61,6 +61,18 @@ pub struct InTreeProgram {
 impl CompiledPolicy {
     /// The policy as a MutatingAdmissionPolicy's CEL, or the first reason it needs the webhook.
     pub fn in_tree(&self) -> Result<InTreeProgram, WebhookOnly> {
+        // A MutatingAdmissionPolicy's paramKind would read the data, but the API server's
+        // parameter cache is known to serve stale or missing params (kubernetes/kubernetes
+        // #141015, #141369) and records no version in the pod: the webhook keeps the data.
+        if !self.spec.values_from.is_empty() {
+            return Err(WebhookOnly {
+                field: "spec.valuesFrom".into(),
+                expression: None,
+                reason: "values read from ConfigMaps and Secrets are served from every \
+                         replica's watch, which only the webhook does"
+                    .into(),
+            });
+        }
         if self.spec.operations.contains(&Operation::Update) {
             return Err(WebhookOnly {
                 field: "spec.operations".into(),

@@ -22,6 +22,7 @@ mod provenance;
 pub mod selector;
 mod template;
 mod validate;
+pub mod values_from;
 mod view;
 pub mod warnings;
 
@@ -42,4 +43,5 @@ pub use podsecurity::PodSecurity;
 pub use provenance::{Provenance, ProvenanceEntry};
 pub use selector::Selector;
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
+pub use values_from::{DataSources, ResolvedValues, SourceKind, SourceRef, ValuesFromError};
 pub use warnings::PolicyWarning;

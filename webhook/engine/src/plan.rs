@@ -103,6 +103,8 @@ pub(crate) struct Earlier<'x> {
 pub(crate) struct PlanInput<'x> {
     pub policy: &'x str,
     pub hash: &'x str,
+    /// The data digests of `valuesFrom` recorded with the hash.
+    pub data: &'x BTreeMap<String, String>,
     pub facts: &'x PodFacts<'x>,
     /// `None` for a pod without the status annotation.
     pub earlier: Option<Earlier<'x>>,
@@ -337,6 +339,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
     let PlanInput {
         policy,
         hash,
+        data,
         facts,
         earlier,
         rendered,
@@ -353,6 +356,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         injected: Summary(String::with_capacity(256)),
         entry: EntryRef {
             hash,
+            data: Some(data),
             ..EntryRef::default()
         },
     };

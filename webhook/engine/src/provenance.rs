@@ -29,6 +29,10 @@ pub struct ProvenanceEntry {
     pub labels: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub annotations: Vec<String>,
+    /// Per `valuesFrom` source (`ConfigMap ns/name`), the digest of the data the pod was
+    /// rendered with, so coverage and `explain` can say which pods are stale and why.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub data: BTreeMap<String, String>,
 }
 
 /// Every policy's entry in a pod's `splice.dev/status` annotation, by policy name.
@@ -87,6 +91,8 @@ pub(crate) struct EntryRef<'a> {
     pub volume_mounts: Vec<(&'a str, Names<'a>)>,
     pub labels: Names<'a>,
     pub annotations: Names<'a>,
+    /// The data digests (`ProvenanceEntry::data`); `None` when there are none.
+    pub data: Option<&'a BTreeMap<String, String>>,
 }
 
 impl<'a> EntryRef<'a> {
@@ -105,6 +111,7 @@ impl<'a> EntryRef<'a> {
             volume_mounts: map(&e.volume_mounts),
             labels: Names::Recorded(&e.labels),
             annotations: Names::Recorded(&e.annotations),
+            data: Some(&e.data),
         }
     }
 
@@ -187,6 +194,19 @@ impl<'a> EntryRef<'a> {
                 list(out, names);
             }
         }
+        if let Some(data) = self.data.filter(|d| !d.is_empty()) {
+            field(out, "data");
+            out.push(b'{');
+            for (i, (k, v)) in data.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                push_name(out, k, nested);
+                out.push(b':');
+                push_name(out, v, nested);
+            }
+            out.push(b'}');
+        }
         out.push(b'}');
     }
 
@@ -230,17 +250,21 @@ mod tests {
             (names.clone(), names.clone(), names.clone()),
             (map.clone(), map),
             (names.clone(), names),
+            proptest::collection::btree_map(name, name, 0..3),
         )
             .prop_map(
-                |(hash, (i, c, v), (env, volume_mounts), (labels, annotations))| ProvenanceEntry {
-                    hash,
-                    init_containers: i,
-                    containers: c,
-                    volumes: v,
-                    env,
-                    volume_mounts,
-                    labels,
-                    annotations,
+                |(hash, (i, c, v), (env, volume_mounts), (labels, annotations), data)| {
+                    ProvenanceEntry {
+                        hash,
+                        init_containers: i,
+                        containers: c,
+                        volumes: v,
+                        env,
+                        volume_mounts,
+                        labels,
+                        annotations,
+                        data,
+                    }
                 },
             )
     }

@@ -7,8 +7,9 @@
 //! the request path only renders what depends on the pod or its namespace.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::sync::Arc;
 
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value as JValue};
 use serde::Serialize;
@@ -16,6 +17,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use splice_crds::InjectionPolicySpec;
 
+use super::values_from::{ResolvedValues, hex, placeholders};
 use super::wire::Fragment;
 
 /// Instructions one rendering may execute.
@@ -240,6 +242,7 @@ fn new_env() -> Environment<'static> {
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.remove_global("namespace");
     env.remove_global("debug");
+    env.add_filter("sha256", sha256_filter);
     env
 }
 
@@ -281,29 +284,162 @@ impl io::Write for LimitedWriter {
 
 /// The context shared by every template of a policy: `policy` and `values`. `pod` and `namespace`
 /// are added per request.
+#[cfg(test)]
 pub(crate) fn static_context(
     name: &str,
     generation: i64,
     spec: &InjectionPolicySpec,
 ) -> (JValue, JValue) {
+    static_context_with(name, generation, spec, None)
+}
+
+/// [`static_context`] with the data of `spec.valuesFrom`: `None` when it is not at hand (at
+/// apply), so each key an entry names reads as a stand-in and a key a `configMapRef` may bring
+/// reads as one too, leaving the real check to the replicas that hold the data.
+pub(crate) fn static_context_with(
+    name: &str,
+    generation: i64,
+    spec: &InjectionPolicySpec,
+    data: Option<&ResolvedValues>,
+) -> (JValue, JValue) {
+    context_with_secrets(name, generation, spec, data, None)
+}
+
+/// [`static_context_with`], each Secret-fed value replaced by `probe` when given.
+fn context_with_secrets(
+    name: &str,
+    generation: i64,
+    spec: &InjectionPolicySpec,
+    data: Option<&ResolvedValues>,
+    probe: Option<&str>,
+) -> (JValue, JValue) {
     let policy = minijinja::context! { name => name, generation => generation };
-    let values = JValue::from_serialize(&spec.values);
+    if spec.values_from.is_empty() {
+        return (policy, JValue::from_serialize(&spec.values));
+    }
+    let resolved = resolved_or_stand_ins(spec, data);
+    let mut map: BTreeMap<String, JValue> = spec
+        .values
+        .iter()
+        .map(|(k, v)| (k.clone(), JValue::from(v.as_str())))
+        .collect();
+    for (k, v) in &resolved.values {
+        let value = match probe {
+            Some(p) if resolved.secret_keys.contains(k) => JValue::from(p),
+            _ => JValue::from(v.as_str()),
+        };
+        map.insert(k.clone(), value);
+    }
+    let lax = data.is_none() && spec.values_from.iter().any(|e| e.config_map_ref.is_some());
+    let values = if lax {
+        JValue::from_object(StandInValues(map))
+    } else {
+        JValue::from_object(map)
+    };
     (policy, values)
 }
 
+/// Two stand-ins for every Secret-fed value (different text, different lengths): a template
+/// that reads one renders the same with both, `sha256` giving a constant meanwhile, only when
+/// nothing but `sha256` sees the value.
+const SECRET_PROBES: [&str; 2] = ["\u{1}splice-secret-probe-a", "\u{2}splice probe b, longer"];
+
+/// `values` of a policy compiled without its data whose `configMapRef` may bring any key: a key
+/// not named anywhere reads as a stand-in instead of failing as undefined.
+#[derive(Debug)]
+struct StandInValues(BTreeMap<String, JValue>);
+
+impl minijinja::value::Object for StandInValues {
+    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Map
+    }
+    fn get_value(self: &Arc<Self>, key: &JValue) -> Option<JValue> {
+        let key = key.as_str()?;
+        Some(
+            self.0
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| JValue::from("valuesFrom")),
+        )
+    }
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(
+            self.0.keys().map(|k| JValue::from(k.as_str())).collect(),
+        )
+    }
+}
+
+/// The `sha256` filter: 64 hex digits of SHA-256 of the value's text. The one way a template may
+/// read a Secret-fed value, so the pod carries a fingerprint of the secret, never the secret.
+fn sha256_filter(value: JValue) -> String {
+    hex(&Sha256::digest(value.to_string().as_bytes()))
+}
+
+/// The data, or stand-ins for it when it is not at hand ([`placeholders`]).
+fn resolved_or_stand_ins<'d>(
+    spec: &InjectionPolicySpec,
+    data: Option<&'d ResolvedValues>,
+) -> Cow<'d, ResolvedValues> {
+    match data {
+        Some(d) => Cow::Borrowed(d),
+        None => Cow::Owned(placeholders(spec)),
+    }
+}
+
+/// For each Secret-fed key, the entry that feeds it (`spec.valuesFrom[1]`), to name it when a
+/// template would show it.
+fn secret_fields(
+    spec: &InjectionPolicySpec,
+    data: Option<&ResolvedValues>,
+) -> BTreeMap<String, String> {
+    let resolved = resolved_or_stand_ins(spec, data);
+    let mut out = BTreeMap::new();
+    for (i, e) in spec.values_from.iter().enumerate() {
+        if let (Some(name), Some(_)) = (&e.name, &e.secret_key_ref)
+            && resolved.secret_keys.contains(name)
+        {
+            out.insert(name.clone(), format!("spec.valuesFrom[{i}]"));
+        }
+    }
+    out
+}
+
 impl Templates {
+    #[cfg(test)]
     pub fn compile(
         name: &str,
         generation: i64,
         spec: &InjectionPolicySpec,
     ) -> Result<Templates, TemplateError> {
-        let (policy, values) = static_context(name, generation, spec);
+        Self::compile_with(name, generation, spec, None)
+    }
+
+    /// [`Self::compile`] with the data of `spec.valuesFrom` (see [`static_context_with`]).
+    pub fn compile_with(
+        name: &str,
+        generation: i64,
+        spec: &InjectionPolicySpec,
+        data: Option<&ResolvedValues>,
+    ) -> Result<Templates, TemplateError> {
+        let (policy, values) = static_context_with(name, generation, spec, data);
         let static_ctx = minijinja::context! { policy => policy, values => values };
         let mut c = Compiler {
             env: new_env(),
             static_ctx,
             deps: Deps::default(),
+            secrets: secret_fields(spec, data),
+            probes: None,
         };
+        if !c.secrets.is_empty() {
+            let probe = |p| {
+                let (policy, values) = context_with_secrets(name, generation, spec, data, Some(p));
+                minijinja::context! { policy => policy, values => values }
+            };
+            let mut env = new_env();
+            // Checking only: what `sha256` makes of a Secret-fed value never shows it.
+            env.add_filter("sha256", |_: JValue| "sha256".to_owned());
+            c.probes = Some((env, probe(SECRET_PROBES[0]), probe(SECRET_PROBES[1])));
+        }
         let t = &spec.template;
         let init_containers =
             c.items(&t.init_containers, "spec.template.initContainers", "name")?;
@@ -540,6 +676,11 @@ struct Compiler {
     env: Environment<'static>,
     static_ctx: JValue,
     deps: Deps,
+    /// Secret-fed keys → the entry feeding each.
+    secrets: BTreeMap<String, String>,
+    /// With Secret-fed values: an environment whose `sha256` is a constant, and two contexts
+    /// with different stand-ins for those values.
+    probes: Option<(Environment<'static>, JValue, JValue)>,
 }
 
 impl Compiler {
@@ -712,6 +853,31 @@ impl Compiler {
             field: field.to_owned(),
             vars,
         };
+        if let Some(entry) = self.secret_read(&hole.vars).map(str::to_owned) {
+            let secret_refusal = |what: &str| {
+                err(format!(
+                    "{what} the Secret-fed value of {entry}; a Secret's value may only be read \
+                     as `{{{{ values.KEY | sha256 }}}}` in a template that reads neither pod nor \
+                     namespace, so it never appears in the pod spec"
+                ))
+            };
+            if deps.any() {
+                return Err(secret_refusal("reads pod or namespace together with"));
+            }
+            if let Some((env, a, b)) = &mut self.probes {
+                env.add_template_owned(field.to_owned(), s.clone())
+                    .map_err(|e| err(describe(&e)))?;
+                let shown = render_one(env, &hole, a)? != render_one(env, &hole, b)?;
+                env.remove_template(field);
+                if shown {
+                    return Err(secret_refusal("would show"));
+                }
+            }
+            let rendered = render_one(&self.env, &hole, &self.static_ctx)?;
+            self.env.remove_template(field);
+            *s = rendered;
+            return Ok(None);
+        }
         if deps.any() {
             self.deps = self.deps.or(deps);
             return Ok(Some(hole));
@@ -720,6 +886,27 @@ impl Compiler {
         self.env.remove_template(field);
         *s = rendered;
         Ok(None)
+    }
+}
+
+impl Compiler {
+    /// The entry feeding a Secret-fed value the template may read: one it names, or the first
+    /// when it reads `values` as a whole (a loop or a lookup could reach any key).
+    fn secret_read(&self, vars: &[String]) -> Option<&str> {
+        if self.secrets.is_empty() {
+            return None;
+        }
+        vars.iter().find_map(|v| {
+            let mut parts = v.split('.');
+            if parts.next() != Some("values") {
+                return None;
+            }
+            match parts.next() {
+                None => self.secrets.values().next(),
+                Some(key) => self.secrets.get(key),
+            }
+            .map(String::as_str)
+        })
     }
 }
 

@@ -116,6 +116,9 @@ pub struct Observation<'a> {
     pub shared_with: &'a [String],
     /// This policy's name.
     pub policy: &'a str,
+    /// Why the data of `spec.valuesFrom` cannot be rendered (the Ready reason and message); the
+    /// last good rendering keeps serving meanwhile.
+    pub values_problem: Option<(&'static str, String)>,
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -249,6 +252,18 @@ pub fn desired_status(
                 format!("Writing MutatingWebhookConfiguration {configuration} failed: {error}."),
             ),
         ),
+    };
+    let ready = match (&obs.values_problem, obs.webhook) {
+        (Some((reason, problem)), WebhookOutcome::Applied { .. }) => (
+            ConditionStatus::False,
+            *reason,
+            format!(
+                "{problem}. Every replica keeps serving the last rendering that had its data (a \
+                 replica that never had it does not inject this policy); restoring the object or \
+                 key clears this."
+            ),
+        ),
+        _ => ready,
     };
     set(condition::READY, ready.0, ready.1, &ready.2);
     set(
@@ -472,6 +487,7 @@ mod tests {
             warnings: &[],
             shared_with: &[],
             policy: "p",
+            values_problem: None,
         }
     }
 
@@ -772,5 +788,34 @@ mod tests {
         );
         let elsewhere = conflict_message(&[conflict("q")], "m", &shared);
         assert!(!elsewhere.contains("wins"), "{elsewhere}");
+    }
+
+    #[test]
+    fn a_missing_values_source_makes_ready_false_naming_it_while_the_configuration_stays() {
+        let webhook = applied();
+        let fp = FailurePolicyDecision {
+            effective: FailurePolicy::Ignore,
+            reason: "IgnoreRequested",
+            message: String::new(),
+        };
+        let mut o = obs(&webhook, &fp, &[]);
+        o.values_problem = Some((
+            "SourceMissing",
+            "spec.valuesFrom[0]: ConfigMap mesh-system/mesh-config key image not found".into(),
+        ));
+        let status = desired_status(None, &o, ts(1));
+        let of = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap();
+        let ready = of("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "SourceMissing")
+        );
+        assert!(
+            ready
+                .message
+                .contains("ConfigMap mesh-system/mesh-config key image")
+        );
+        assert_eq!(of("WebhookConfigured").status, "True");
+        assert_eq!(status.webhook_configuration.as_deref(), Some("splice-p"));
     }
 }

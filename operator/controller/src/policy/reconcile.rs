@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
-use splice_engine::PolicyError;
+use splice_engine::{CompiledPolicy, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
@@ -258,7 +258,11 @@ async fn report(
         warnings: &warnings,
         shared_with: &shared_with,
         policy: &name,
+        values_problem: in_force.compiled().and_then(|c| values_problem(ctx, c)),
     };
+    // Every policy exports it (0 without valuesFrom), so the series exists before a problem.
+    ctx.metrics
+        .set_values_problem(&name, observation.values_problem.is_some());
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's, status.rollout and RolledOut to the rollout's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
@@ -306,6 +310,26 @@ async fn report(
 async fn remove_both(ctx: &Context, policy: &InjectionPolicy, plan: &Plan) -> Result<(), Error> {
     retire(ctx, policy, plan, None).await?;
     intree_apply::remove(ctx, policy).await.map(|_| ())
+}
+
+/// Why the policy in force cannot be rendered with its `valuesFrom` data, as every replica sees
+/// it (the same cache and function); `None` before the data is listed.
+fn values_problem(ctx: &Context, compiled: &CompiledPolicy) -> Option<(&'static str, String)> {
+    let spec = compiled.spec();
+    if spec.values_from.is_empty() || !ctx.values.synced() {
+        return None;
+    }
+    match ctx.values.resolve(spec) {
+        Err(e @ ValuesFromError::SourceMissing { .. }) => Some(("SourceMissing", e.to_string())),
+        Err(e @ ValuesFromError::NamespaceNotAllowed { .. }) => {
+            Some(("NamespaceNotAllowed", e.to_string()))
+        }
+        Ok(resolved) => {
+            CompiledPolicy::compile_with(compiled.name(), compiled.generation(), spec, &resolved)
+                .err()
+                .map(|e| ("InvalidValues", e.to_string()))
+        }
+    }
 }
 
 /// The Ready reason for a policy that does not compile.

@@ -184,6 +184,8 @@ struct Loop {
 struct Candidate {
     policy: Arc<InjectionPolicy>,
     compiled: Arc<splice_engine::CompiledPolicy>,
+    /// What its current pods carry: template hash and `valuesFrom` data digests.
+    revision: String,
     limits: Limits,
     /// A halt recorded in status, not lifted by a resume: (by, at).
     halt: Option<(String, Option<Timestamp>)>,
@@ -240,7 +242,7 @@ impl Loop {
                     }
                     // The generation this replica's webhook serves: what new pods get.
                     let compiled = served.get(&policy.name_any())?;
-                    let revision = compiled.template_hash();
+                    let revision = coverage::revision(&compiled);
                     let annotations = policy.annotations();
                     let resumed_at = annotations
                         .get(ROLLOUT_RESUME_ANNOTATION)
@@ -275,6 +277,7 @@ impl Loop {
                     Some(Candidate {
                         policy,
                         compiled,
+                        revision,
                         limits,
                         halt,
                         held,
@@ -302,7 +305,7 @@ impl Loop {
                 .zip(&names)
                 .map(|(c, name)| PolicyInput {
                     policy: name,
-                    revision: c.compiled.template_hash(),
+                    revision: &c.revision,
                     limits: c.limits,
                     halted_by: c.halt.as_ref().map(|(by, _)| by.as_str()),
                     halted_at: c.halt.as_ref().and_then(|(_, at)| *at),
@@ -870,7 +873,7 @@ async fn dry_run(
             workload: id.to_string(),
             source,
         })?;
-    let injected = coverage::injected_hashes(created.metadata.annotations.as_ref());
+    let injected = coverage::injected_versions(created.metadata.annotations.as_ref());
     match injected.iter().find(|(p, _)| p == policy) {
         Some((_, h)) if h == revision => Ok(()),
         other => Err(Error::NotServedYet {

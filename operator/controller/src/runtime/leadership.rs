@@ -80,6 +80,7 @@ pub(super) fn lead(
 ) -> Term {
     let mut term = Term::default();
     let Caches {
+        values,
         served,
         ca_bundle,
         policies_changed,
@@ -156,7 +157,8 @@ pub(super) fn lead(
         .with_neighbours(neighbours)
         .with_guard(guard_rx.clone())
         .with_certificate_problem(certificate_problem.clone())
-        .with_serving(serving),
+        .with_serving(serving)
+        .with_values(Arc::clone(&values)),
     );
     // One namespace watch and one pod watch for coverage, the probe and the rollout.
     let observed = coverage::Observed::default();
@@ -222,6 +224,8 @@ pub(super) fn lead(
     // A new serving certificate changes every policy's certificateNotAfter.
     let everything = futures::stream::select(everything, changes(secret_changed_for_status));
     let everything = futures::stream::select(everything, changes(certificate_problem));
+    // A change of valuesFrom data may make a source missing or present again (Ready).
+    let everything = futures::stream::select(everything, changes(values.subscribe()));
     let controller = controller
         .owns(
             configurations,
@@ -407,6 +411,10 @@ mod tests {
             Arc::new(Metrics::new()),
             Leadership::fixed(true),
             Caches {
+                values: Arc::new(crate::values::ValuesCache::new(
+                    vec!["splice-system".into()],
+                    "splice-system".into(),
+                )),
                 served: Arc::new(PolicyStore::new()),
                 ca_bundle,
                 policies_changed,

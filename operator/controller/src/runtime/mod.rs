@@ -12,10 +12,13 @@ use std::time::Duration;
 
 use futures::Stream;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Client;
 use kube::api::Api;
 use kube::runtime::watcher;
 use splice_crds::InjectionPolicy;
+use splice_engine::SourceKind;
+use splice_engine::values_from;
 use splice_server::admin::{AdminServer, Readiness};
 use splice_server::metrics::Registry;
 use splice_server::server::{WebhookConfig, WebhookServer};
@@ -24,11 +27,12 @@ use splice_server::tls::CertResolver;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use self::feeds::{feed_namespace_store, feed_policy_store, track_readiness};
+use self::feeds::{feed_namespace_store, feed_policy_store, feed_values, track_readiness};
 use self::leadership::{lead, supervise_leadership};
 use crate::certs::Serving;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::values::ValuesCache;
 use crate::{Settings, certs, leader};
 
 /// Runs `splice run` until `shutdown` resolves: the webhook and admin servers and the caches on
@@ -83,6 +87,10 @@ pub async fn run(
     // this replica before the drain closes them: measured on the real node, a leader pod deleted
     // under 20 creates/s otherwise cost one create an EOF.
     config.shutdown_delay = Duration::from_secs(2);
+    config.values_scope = Some(splice_server::server::validate::ValuesScope {
+        allowed: settings.values_namespaces.clone(),
+        default_namespace: settings.namespace.clone(),
+    });
     let server = WebhookServer::new(
         config,
         Arc::clone(&policies),
@@ -102,11 +110,53 @@ pub async fn run(
     let (ca_tx, ca_rx) = watch::channel::<Option<Arc<String>>>(None);
     let (secret_changed_tx, secret_changed) = watch::channel(0u64);
     let (served_tx, served_rx) = watch::channel(Serving::default());
-    let mut background: Vec<JoinHandle<()>> = vec![
+    // The data of `valuesFrom`: one ConfigMap and one Secret watch per allowed namespace.
+    let values = Arc::new(ValuesCache::new(
+        settings.values_namespaces.clone(),
+        settings.namespace.clone(),
+    ));
+    let mut values_feeds: Vec<JoinHandle<()>> = Vec::new();
+    let mut values_synced = Vec::new();
+    for namespace in &settings.values_namespaces {
+        let (tx, rx) = watch::channel(false);
+        values_feeds.push(tokio::spawn(feed_values(
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
+            SourceKind::ConfigMap,
+            values_from::config_map_data,
+            namespace.clone(),
+            Arc::clone(&values),
+            tx,
+        )));
+        values_synced.push(rx);
+        let (tx, rx) = watch::channel(false);
+        values_feeds.push(tokio::spawn(feed_values(
+            Api::<Secret>::namespaced(client.clone(), namespace),
+            SourceKind::Secret,
+            values_from::secret_data,
+            namespace.clone(),
+            Arc::clone(&values),
+            tx,
+        )));
+        values_synced.push(rx);
+    }
+    let (all_values_synced_tx, all_values_synced) = watch::channel(false);
+    values_feeds.push(tokio::spawn({
+        let values = Arc::clone(&values);
+        async move {
+            for mut rx in values_synced {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+            values.set_synced();
+            all_values_synced_tx.send_replace(true);
+        }
+    }));
+    let mut background: Vec<JoinHandle<()>> = values_feeds;
+    background.extend([
         tokio::spawn(feed_policy_store(
             policy_api(&client),
             watcher_config(&settings.policy_selector),
             Arc::clone(&policies),
+            (Arc::clone(&values), all_values_synced),
             policies_changed_tx,
             policies_synced_tx,
         )),
@@ -135,7 +185,7 @@ pub async fn run(
             policies_synced,
             namespaces_synced,
         )),
-    ];
+    ]);
 
     // The election, and the leader's work whenever this replica leads.
     let (leading_tx, leading_rx) = Leadership::channel();
@@ -146,6 +196,7 @@ pub async fn run(
         stop_rx.clone(),
     )));
     let caches = Caches {
+        values: Arc::clone(&values),
         served: Arc::clone(&policies),
         ca_bundle: ca_rx,
         policies_changed,
@@ -215,6 +266,8 @@ pub(super) fn changes<T: Send + Sync + 'static>(
 /// What every replica keeps current and the leader's work reads.
 #[derive(Clone)]
 pub(super) struct Caches {
+    /// The data of `valuesFrom`.
+    pub(super) values: Arc<ValuesCache>,
     /// The webhook's compiled policies.
     pub(super) served: Arc<PolicyStore>,
     pub(super) ca_bundle: watch::Receiver<Option<Arc<String>>>,

@@ -217,7 +217,8 @@ impl Handler {
                 (response, Outcomes::All(outcome))
             }
             (Target::Validate, Ok(body)) => {
-                let (response, outcome) = validate_policy(&body);
+                let (response, outcome) =
+                    validate_policy(&body, self.inner.config.values_scope.as_ref());
                 (response, Outcomes::All(outcome))
             }
             (Target::Policies(members), Ok(body)) => self.admit(members, &body).await,
@@ -495,7 +496,10 @@ impl Outcomes {
 /// Answers the validating webhook: InjectionPolicy CREATE and UPDATE are judged by the compiler;
 /// any other operation (DELETE above all) is allowed, so that removing a policy never depends on
 /// Splice.
-fn validate_policy(body: &[u8]) -> (HttpResponse, Outcome) {
+fn validate_policy(
+    body: &[u8],
+    values_scope: Option<&validate::ValuesScope>,
+) -> (HttpResponse, Outcome) {
     let review = match admission::parse_review(body) {
         Ok(review) => review,
         Err(e) => return malformed(&e),
@@ -511,7 +515,7 @@ fn validate_policy(body: &[u8]) -> (HttpResponse, Outcome) {
         );
         return (text(StatusCode::BAD_REQUEST, &message), Outcome::BadRequest);
     };
-    match validate::judge(object.text()) {
+    match validate::judge(object.text(), values_scope) {
         validate::Verdict::Admit(warnings) => {
             let warnings: Vec<String> = warnings.iter().map(ToString::to_string).collect();
             (allow(&review, None, &warnings), Outcome::Allowed)

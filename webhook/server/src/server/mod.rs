@@ -73,6 +73,10 @@ pub struct WebhookConfig {
     /// write a webhook configuration before this replica's watch delivers its policy. `None` when
     /// no watch feeds the stores (`splice webhook` with static policies).
     pub cache_wait: Option<Duration>,
+    /// Where `spec.valuesFrom` may read (`splice run --values-namespaces`) and where an entry
+    /// without a namespace reads, so `/validate` refuses a source elsewhere at apply; `None`
+    /// judges no namespace (`splice webhook`).
+    pub values_scope: Option<validate::ValuesScope>,
 }
 
 impl WebhookConfig {
@@ -92,6 +96,7 @@ impl WebhookConfig {
             null_handler: false,
             // Under the smallest timeoutSeconds (1 s), with room for the engine and the network.
             cache_wait: Some(Duration::from_millis(750)),
+            values_scope: None,
         }
     }
 }

@@ -35,9 +35,16 @@ pub enum Verdict {
     Refuse(String),
 }
 
+/// Where `spec.valuesFrom` may read: the allowed namespaces and the default one.
+#[derive(Clone, Debug)]
+pub struct ValuesScope {
+    pub allowed: Vec<String>,
+    pub default_namespace: String,
+}
+
 /// Judges the JSON text of an InjectionPolicy as the API server hands it to a validating
 /// webhook (after its own schema validation and defaulting).
-pub fn judge(object: &str) -> Verdict {
+pub fn judge(object: &str, values_scope: Option<&ValuesScope>) -> Verdict {
     let mut de = serde_json::Deserializer::from_str(object);
     let parsed: Result<PolicyObject, _> = serde_path_to_error::deserialize(&mut de);
     let policy = match parsed {
@@ -51,6 +58,15 @@ pub fn judge(object: &str) -> Verdict {
     // The API server sets generation 1 on create and bumps it on a spec change before any
     // validating webhook sees the object; a template reading `policy.generation` renders the same.
     let generation = policy.metadata.generation.unwrap_or(1);
+    if let Some(scope) = values_scope
+        && let Err(e) = splice_engine::values_from::check_namespaces(
+            &policy.spec,
+            &scope.default_namespace,
+            &scope.allowed,
+        )
+    {
+        return Verdict::Refuse(format!("policy {name}: {e}"));
+    }
     match CompiledPolicy::compile(&name, generation, &policy.spec) {
         // `mode: InTree` is a promise that nothing on the request path depends on Splice: a
         // policy that cannot keep it is refused, naming the expression.
@@ -72,7 +88,31 @@ mod tests {
     use super::*;
 
     fn judge_json(v: serde_json::Value) -> Verdict {
-        judge(&v.to_string())
+        judge(&v.to_string(), None)
+    }
+
+    #[test]
+    fn a_values_source_outside_the_allowed_namespaces_is_refused_naming_it() {
+        let mut p = policy(serde_json::json!({}));
+        p["spec"]["valuesFrom"] = serde_json::json!([
+            {"name": "image", "configMapKeyRef": {"name": "mesh", "key": "image", "namespace": "other"}},
+        ]);
+        let scope = ValuesScope {
+            allowed: vec!["splice-system".into()],
+            default_namespace: "splice-system".into(),
+        };
+        let Verdict::Refuse(m) = judge(&p.to_string(), Some(&scope)) else {
+            panic!("admitted")
+        };
+        assert!(
+            m.contains("spec.valuesFrom[0]: ConfigMap other/mesh"),
+            "{m}"
+        );
+        p["spec"]["valuesFrom"][0]["configMapKeyRef"]["namespace"] = "splice-system".into();
+        assert!(matches!(
+            judge(&p.to_string(), Some(&scope)),
+            Verdict::Admit(_)
+        ));
     }
 
     fn policy(template: serde_json::Value) -> serde_json::Value {
