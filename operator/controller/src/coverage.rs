@@ -73,7 +73,7 @@ impl PodRecord {
 pub fn version(hash: &str, data: &BTreeMap<String, String>) -> String {
     let mut v = hash.to_owned();
     for (source, digest) in data {
-        v.push_str(&format!(" {source}={digest}"));
+        v.extend([" ", source, "=", digest]);
     }
     v
 }

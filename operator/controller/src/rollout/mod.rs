@@ -15,7 +15,9 @@ use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetStatus, Deployment, DeploymentStatus, StatefulSet, StatefulSetStatus,
+};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -652,26 +654,26 @@ impl<'a> Parts<'a> {
     }
 }
 
+// Each kind names its own counts; reading them borrows the status rather than cloning it on
+// every pass over every workload.
 impl Restartable for Deployment {
     const KIND: Kind = Kind::Deployment;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
-        let s = self.status.clone().unwrap_or_default();
-        let counts = [
-            spec.replicas.unwrap_or(1),
-            s.replicas.unwrap_or(0),
-            s.updated_replicas.unwrap_or(0),
-            s.available_replicas.unwrap_or(0),
-        ];
-        let paused = spec.paused.unwrap_or(false);
-        let (selector, template) = (&spec.selector, &spec.template);
+        let s = self.status.as_ref();
+        let n = |f: fn(&DeploymentStatus) -> Option<i32>| s.and_then(f).unwrap_or(0);
         Some(Parts::new(
             &self.metadata,
-            selector,
-            template,
-            s.observed_generation,
-            counts,
-            paused,
+            &spec.selector,
+            &spec.template,
+            s.and_then(|s| s.observed_generation),
+            [
+                spec.replicas.unwrap_or(1),
+                n(|s| s.replicas),
+                n(|s| s.updated_replicas),
+                n(|s| s.available_replicas),
+            ],
+            spec.paused.unwrap_or(false),
         ))
     }
 }
@@ -680,20 +682,19 @@ impl Restartable for StatefulSet {
     const KIND: Kind = Kind::StatefulSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
-        let s = self.status.clone().unwrap_or_default();
-        let counts = [
-            spec.replicas.unwrap_or(1),
-            s.replicas,
-            s.updated_replicas.unwrap_or(0),
-            s.available_replicas.unwrap_or(0),
-        ];
-        let (selector, template) = (&spec.selector, &spec.template);
+        let s = self.status.as_ref();
+        let n = |f: fn(&StatefulSetStatus) -> Option<i32>| s.and_then(f).unwrap_or(0);
         Some(Parts::new(
             &self.metadata,
-            selector,
-            template,
-            s.observed_generation,
-            counts,
+            &spec.selector,
+            &spec.template,
+            s.and_then(|s| s.observed_generation),
+            [
+                spec.replicas.unwrap_or(1),
+                n(|s| Some(s.replicas)),
+                n(|s| s.updated_replicas),
+                n(|s| s.available_replicas),
+            ],
             false,
         ))
     }
@@ -703,20 +704,19 @@ impl Restartable for DaemonSet {
     const KIND: Kind = Kind::DaemonSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
-        let s = self.status.clone().unwrap_or_default();
-        let counts = [
-            s.desired_number_scheduled,
-            s.current_number_scheduled,
-            s.updated_number_scheduled.unwrap_or(0),
-            s.number_available.unwrap_or(0),
-        ];
-        let (selector, template) = (&spec.selector, &spec.template);
+        let s = self.status.as_ref();
+        let n = |f: fn(&DaemonSetStatus) -> Option<i32>| s.and_then(f).unwrap_or(0);
         Some(Parts::new(
             &self.metadata,
-            selector,
-            template,
-            s.observed_generation,
-            counts,
+            &spec.selector,
+            &spec.template,
+            s.and_then(|s| s.observed_generation),
+            [
+                n(|s| Some(s.desired_number_scheduled)),
+                n(|s| Some(s.current_number_scheduled)),
+                n(|s| s.updated_number_scheduled),
+                n(|s| s.number_available),
+            ],
             false,
         ))
     }
