@@ -494,3 +494,36 @@ pub fn report(file: &str, line: String) {
         let _ = writeln!(f, "{line}");
     }
 }
+
+/// The audit log the control plane writes: `$SPLICE_AUDIT_LOG` (run-e2e.sh sets it), else
+/// `audit.log` beside the kubeconfig. `e2e/audit-policy.yaml` says what it records.
+pub fn audit_log() -> Result<PathBuf> {
+    let path = std::env::var_os("SPLICE_AUDIT_LOG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            kubeconfig_path()
+                .parent()
+                .map(|d| d.join("audit.log"))
+                .unwrap_or_default()
+        });
+    if !path.is_file() {
+        bail!(
+            "no audit log at {}: start the control plane with e2e/run-e2e.sh, or with \
+             SPLICE_APISERVER_ARGS=\"--audit-policy-file e2e/audit-policy.yaml --audit-log-path \
+             <run dir>/audit.log\"",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// Every completed request the audit log at `log` holds, as the API server wrote it.
+pub fn audit_events(log: &std::path::Path) -> Result<Vec<serde_json::Value>> {
+    let text =
+        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .collect())
+}

@@ -623,20 +623,27 @@ pub fn sidecar_spec(instance: &str, container: &str, image: &str) -> Value {
     })
 }
 
+/// The Warning Events with `reason` recorded about the policy `policy`.
+async fn warnings(client: &Client, policy: &str, reason: &str) -> Result<Vec<Event>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let mut all = events.list(&ListParams::default()).await?.items;
+    all.retain(|e| {
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy)
+            && e.reason.as_deref() == Some(reason)
+            && e.type_.as_deref() == Some("Warning")
+    });
+    Ok(all)
+}
+
 /// How many Warning Events with `reason` were recorded about the policy `policy`.
 pub async fn warning_events(client: &Client, policy: &str, reason: &str) -> Result<usize> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(policy)
-                && e.reason.as_deref() == Some(reason)
-                && e.type_.as_deref() == Some("Warning")
-        })
-        .count())
+    Ok(warnings(client, policy, reason).await?.len())
+}
+
+/// The notes of the Warning Events with `reason` recorded about the policy `policy`.
+pub async fn event_notes(client: &Client, policy: &str, reason: &str) -> Result<Vec<String>> {
+    let all = warnings(client, policy, reason).await?;
+    Ok(all.into_iter().filter_map(|e| e.note).collect())
 }
 
 /// Who holds the leader Lease `splice-leader` of `leases`' namespace.

@@ -8,7 +8,7 @@
 #[path = "../src/operator.rs"]
 mod operator;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,32 +19,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use operator::*;
 use serde_json::{Value, json};
-use splice_e2e::{TestNamespace, unique_suffix, wait_until};
+use splice_e2e::{TestNamespace, audit_events, audit_log, unique_suffix, wait_until};
 
 /// (duration, renew deadline, retry period) in seconds: short, so the test is.
 const LEASE: (u64, u64, u64) = (6, 4, 1);
-
-/// The audit log the control plane writes: `$SPLICE_AUDIT_LOG` (run-e2e.sh sets it), else
-/// `audit.log` beside the kubeconfig.
-fn audit_log() -> Result<PathBuf> {
-    let path = std::env::var_os("SPLICE_AUDIT_LOG")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            splice_e2e::kubeconfig_path()
-                .parent()
-                .map(|d| d.join("audit.log"))
-                .unwrap_or_default()
-        });
-    if !path.is_file() {
-        bail!(
-            "no audit log at {}: start the control plane with e2e/run-e2e.sh, or with \
-             SPLICE_APISERVER_ARGS=\"--audit-policy-file e2e/audit-policy.yaml --audit-log-path \
-             <run dir>/audit.log\"",
-            path.display()
-        );
-    }
-    Ok(path)
-}
 
 /// One write as the API server recorded it.
 #[derive(Debug)]
@@ -105,15 +83,8 @@ impl Write {
     }
 }
 
-fn writes(log: &PathBuf) -> Result<Vec<Write>> {
-    let text =
-        std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
-    Ok(text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter_map(|e| Write::of(&e))
-        .collect())
+fn writes(log: &Path) -> Result<Vec<Write>> {
+    Ok(audit_events(log)?.iter().filter_map(Write::of).collect())
 }
 
 /// A kubeconfig acting as `user` (with the admin's rights), so the audit log names the replica.

@@ -473,7 +473,8 @@ pub async fn run(
             if n.coverage.missed > before.missed {
                 let note = format!(
                     "{} pod(s) this policy selects were admitted without its injection (e.g. {}): \
-                     the webhook was unreachable or failed open. Recreate them to inject.",
+                     the webhook was unreachable or failed open, or the API server had not yet \
+                     seen their namespace's new labels. Recreate them to inject.",
                     n.coverage.missed,
                     n.missed_examples.join(", ")
                 );

@@ -365,7 +365,8 @@ fn render_table(report: &Report) -> String {
     } else if !missing.is_empty() {
         format!(
             "NOT injected by {} although selected (admitted while the webhook was unreachable, \
-             or before the policy existed; recreate the pod to inject)",
+             before the policy existed, or a moment after its namespace was labelled, before the \
+             API server saw the label; recreate the pod to inject)",
             missing.join(", ")
         )
     } else {
