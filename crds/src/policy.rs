@@ -119,9 +119,6 @@ pub const MAX_ROLLOUT_TIMEOUT_SECONDS: u64 = 24 * 3600;
 /// the rollout halts.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.canary)")
-    .message("not yet supported: the canary stage is reserved for a later version; remove rollout.canary")
-    .field_path(".canary"))]
 pub struct Rollout {
     /// This policy's workloads restarting at once.
     #[serde(default = "default_one")]
@@ -147,7 +144,11 @@ pub struct Rollout {
     #[serde(default)]
     pub repair_missed: bool,
 
-    /// Reserved: a canary stage. Not yet supported; refused at apply.
+    /// A pinned canary: when the template changes, only pods these selectors match are admitted
+    /// with the new revision, and only their workloads restart; every other pod keeps the
+    /// promoted revision until the canary workloads are healthy (or `kubectl splice rollout
+    /// promote`). The API server decides the split: the canary is one webhook entry, the rest
+    /// one entry per requirement, each negating it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
 }
@@ -189,13 +190,33 @@ pub fn parse_duration(text: &str) -> Option<std::time::Duration> {
     (any && rest.is_empty()).then(|| std::time::Duration::from_secs(total))
 }
 
-/// The canary stage's selectors (reserved).
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+/// Most requirements a canary may have (matchLabels entries and matchExpressions, both
+/// selectors): each is one more webhook entry for the pods outside the canary.
+pub const MAX_CANARY_REQUIREMENTS: usize = 8;
+
+/// The canary's selectors, ANDed with the policy's own.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.namespaceSelector) && has(self.namespaceSelector.matchLabels) ? size(self.namespaceSelector.matchLabels) : 0) + \
+    (has(self.namespaceSelector) && has(self.namespaceSelector.matchExpressions) ? size(self.namespaceSelector.matchExpressions) : 0) + \
+    (has(self.objectSelector) && has(self.objectSelector.matchLabels) ? size(self.objectSelector.matchLabels) : 0) + \
+    (has(self.objectSelector) && has(self.objectSelector.matchExpressions) ? size(self.objectSelector.matchExpressions) : 0) >= 1")
+    .message("an empty canary selects every pod, so no pod would keep the promoted revision: give it at least one label or expression"))]
+#[x_kube(validation = Rule::new("(has(self.namespaceSelector) && has(self.namespaceSelector.matchLabels) ? size(self.namespaceSelector.matchLabels) : 0) + \
+    (has(self.namespaceSelector) && has(self.namespaceSelector.matchExpressions) ? size(self.namespaceSelector.matchExpressions) : 0) + \
+    (has(self.objectSelector) && has(self.objectSelector.matchLabels) ? size(self.objectSelector.matchLabels) : 0) + \
+    (has(self.objectSelector) && has(self.objectSelector.matchExpressions) ? size(self.objectSelector.matchExpressions) : 0) <= 8")
+    .message("at most 8 requirements in all: each one is another webhook entry for the pods outside the canary"))]
 pub struct Canary {
+    /// Namespaces of the canary (labels as the API server sees them at admission).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? has(e.values) && size(e.values) > 0 : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))")
+        .message("each expression's operator is In or NotIn with values, or Exists or DoesNotExist without"))]
     pub namespace_selector: Option<LabelSelector>,
+    /// Pods of the canary, by their own labels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn'] ? has(e.values) && size(e.values) > 0 : (e.operator in ['Exists', 'DoesNotExist'] && (!has(e.values) || size(e.values) == 0)))")
+        .message("each expression's operator is In or NotIn with values, or Exists or DoesNotExist without"))]
     pub object_selector: Option<LabelSelector>,
 }
 
@@ -210,6 +231,9 @@ fn default_rollout_timeout() -> String {
 /// A policy annotation (any value; `kubectl splice rollout halt` writes the time) that halts its
 /// rollout: nothing more is restarted while it is there.
 pub const ROLLOUT_HALT_ANNOTATION: &str = "splice.dev/rollout-halt";
+/// A policy annotation naming the canary's template hash (`kubectl splice rollout promote`
+/// writes it): that canary is promoted at once, healthy or not.
+pub const ROLLOUT_PROMOTE_ANNOTATION: &str = "splice.dev/rollout-promote";
 /// A policy annotation, `<revision>@<RFC 3339 time>` (`kubectl splice rollout resume` writes
 /// it), that lifts a halt of that revision recorded before that time: workloads that failed
 /// before it no longer halt the rollout.
@@ -523,6 +547,26 @@ pub struct RolloutStatus {
     /// When it halted (RFC 3339); a resume requested later lifts the halt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted_at: Option<String>,
+    /// The promoted revision: what pods outside the canary get while a canary is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable: Option<StableRevision>,
+    /// The template hash the canary gets, while a canary is open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_revision: Option<String>,
+}
+
+/// The promoted revision of a policy with `spec.rollout`: the spec it was rendered from, kept so
+/// that every replica serves it to pods outside an open canary. `valuesFrom` data is read live
+/// by both revisions.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct StableRevision {
+    /// Its template hash (what `splice.dev/status` records in a pod).
+    pub template_hash: String,
+    pub generation: i64,
+    /// The spec, as written when it was promoted.
+    #[schemars(schema_with = "opaque_object")]
+    pub spec: serde_json::Value,
 }
 
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -530,6 +574,8 @@ pub enum RolloutPhase {
     /// Nothing to restart.
     #[default]
     Idle,
+    /// A canary is open: only canary workloads restart; the rest wait for the promotion.
+    Canary,
     /// Workloads are restarting or wait for the budget.
     Rolling,
     /// Every workload that needed it was restarted and is fully available.
@@ -543,6 +589,7 @@ impl RolloutPhase {
     pub fn as_str(self) -> &'static str {
         match self {
             RolloutPhase::Idle => "Idle",
+            RolloutPhase::Canary => "Canary",
             RolloutPhase::Rolling => "Rolling",
             RolloutPhase::Complete => "Complete",
             RolloutPhase::Halted => "Halted",

@@ -124,12 +124,12 @@ fn the_crd_uses_only_schema_keywords_and_formats_the_offline_validator_knows() {
         "formats validate_policy ignores: {unknown:?}"
     );
     // The CEL rules are there to be evaluated (the fixtures show kube-cel evaluates them): on
-    // operations, on the template, on rollout.canary and rollout.timeout, and the four on each
-    // valuesFrom entry.
+    // operations, on the template, on rollout.timeout, on rollout.canary (its size) and on each
+    // of its two selectors (operators), and the four on each valuesFrom entry.
     let rules = policy_schema()
         .expect("the schema renders")
         .to_string()
         .matches("x-kubernetes-validations")
         .count();
-    assert_eq!(rules, 5);
+    assert_eq!(rules, 7);
 }

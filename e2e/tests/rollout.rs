@@ -24,7 +24,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use operator::*;
 use serde_json::{Value, json};
-use splice_crds::{InjectionPolicy, RolloutPhase, RolloutStatus};
+use splice_crds::{InjectionPolicy, Mode, RolloutPhase, RolloutStatus};
 use splice_e2e::{NODE_LABEL, TestNamespace, real_node, unique_suffix, wait_until};
 
 const TESTAPP: &str = "splice-testapp:e2e";
@@ -550,5 +550,267 @@ async fn a_template_whose_sidecar_fails_halts_the_rollout_after_the_first_restar
         halted.halted_by,
         restarted[0]
     );
+    Ok(())
+}
+
+/// The template hash a dry-run pod created in `ns` gets from policy `name`.
+async fn dry_run_hash(client: &Client, ns: &str, name: &str) -> Result<Option<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let created = pods
+        .create(&splice_e2e::dry_run(), &pod("probe", &[("app", "probe")]))
+        .await?;
+    Ok(created
+        .annotations()
+        .get("splice.dev/status")
+        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        .and_then(|s| s.get(name)?.get("hash")?.as_str().map(str::to_owned)))
+}
+
+/// Deployments restarted for `policy@revision` in `namespaces`.
+async fn restarted_in(namespaces: &[TestNamespace], mine: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for ns in namespaces {
+        for d in ns
+            .api::<Deployment>()
+            .list(&ListParams::default())
+            .await?
+            .items
+        {
+            if restarted_for(&d) == Some(mine) {
+                out.push(format!("{}/{}", ns.name, d.name_any()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Waits until the rollout reports an open canary for `canary` while pinning `stable`, and
+/// checks what new pods get meanwhile: the canary's namespace the new revision, the others the
+/// promoted one.
+async fn canary_open(
+    client: &Client,
+    policies: &Api<InjectionPolicy>,
+    name: &str,
+    (canary, stable): (&str, &str),
+    (canary_ns, other_ns): (&TestNamespace, &TestNamespace),
+) -> Result<()> {
+    wait_until(Duration::from_secs(60), "the canary to open", || async {
+        let s = policies.get(name).await?.status.and_then(|s| s.rollout);
+        Ok(s.is_some_and(|s| {
+            s.canary_revision.as_deref() == Some(canary)
+                && s.stable.as_ref().map(|st| st.template_hash.as_str()) == Some(stable)
+        }))
+    })
+    .await?;
+    wait_until(
+        Duration::from_secs(30),
+        "new pods split by the canary",
+        || async {
+            Ok(dry_run_hash(client, &canary_ns.name, name)
+                .await?
+                .as_deref()
+                == Some(canary)
+                && dry_run_hash(client, &other_ns.name, name).await?.as_deref() == Some(stable))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone_when_not()
+-> Result<()> {
+    let _serial = SERIAL.lock().await;
+    let client = splice_e2e::client().await?;
+    real_node(&client).await?;
+    let setup = Setup::start("canary").await?;
+    let name = setup.policy("mesh");
+    let tier = format!("{}-tier", setup.instance);
+    let timeout = 20;
+    let rollout = json!({
+        "maxConcurrent": 2, "maxConcurrentPerNamespace": 1, "timeout": format!("{timeout}s"),
+        "canary": {"namespaceSelector": {"matchLabels": {tier.as_str(): "canary"}}},
+    });
+    let spec =
+        |rev: &str, args: &[&str]| policy(&setup.instance, "Auto", rev, args, rollout.clone());
+    setup.apply(&name, spec("v1", &["sleep"])).await?;
+    wait_policy(&client, &name, "True", Duration::from_secs(60)).await?;
+    let policies: Api<InjectionPolicy> = Api::all(client.clone());
+    let v1 = template_hash(&policies, &name)
+        .await?
+        .context("no template hash")?;
+    // The canary's namespace first, then two outside it.
+    let all = [
+        TestNamespace::create("e2e-canary", &[(&setup.instance, "on"), (&tier, "canary")]).await?,
+        setup.app_namespace().await?,
+        setup.app_namespace().await?,
+    ];
+    let (canary_ns, prod) = (&all[0], &all[1..]);
+    for ns in &all {
+        wait_injecting(&client, &ns.name, &[("app", "probe")], SIDECAR).await?;
+    }
+    let per_namespace = 2;
+    deploy(&client, &all, per_namespace, &setup.instance, &name, &v1).await?;
+    // v1 is promoted as it is: there was nothing before it to pin.
+    wait_until(Duration::from_secs(30), "v1 promoted", || async {
+        let s = policies.get(&name).await?.status.and_then(|s| s.rollout);
+        Ok(s.and_then(|s| s.stable)
+            .is_some_and(|st| st.template_hash == v1))
+    })
+    .await?;
+
+    // v2, healthy: the canary namespace first, then the rest.
+    setup.apply(&name, spec("v2", &["sleep"])).await?;
+    let changed = Instant::now();
+    let v2 = new_hash(&policies, &name, &v1).await?;
+    canary_open(&client, &policies, &name, (&v2, &v1), (canary_ns, &prod[0])).await?;
+    ensure!(
+        policies.get(&name).await?.status.and_then(|s| s.mode) == Some(Mode::Webhook),
+        "an open canary is served by webhook"
+    );
+    let hooks = configuration(&client, &name)
+        .await?
+        .and_then(|c| c.webhooks)
+        .map_or(0, |w| w.len());
+    ensure!(
+        hooks == 2,
+        "while the canary is open the policy has a canary entry and one for the rest, got {hooks} webhooks"
+    );
+    let mine = format!("{name}@{v2}");
+    let (seen, watch) = watch_deployments(&client, &setup.instance, mine.clone());
+    // While the canary is open, nothing outside it restarts.
+    let mut canary_phase_seen = false;
+    let promoted = loop {
+        let s = policies.get(&name).await?.status.and_then(|s| s.rollout);
+        let phase = s.as_ref().map(|s| s.phase);
+        if phase == Some(RolloutPhase::Canary) {
+            canary_phase_seen = true;
+            let early = restarted_in(prod, &mine).await?;
+            ensure!(
+                early.is_empty(),
+                "restarted outside the open canary: {early:?}"
+            );
+        } else if s
+            .as_ref()
+            .and_then(|s| s.stable.as_ref())
+            .map(|st| st.template_hash.as_str())
+            == Some(v2.as_str())
+        {
+            break changed.elapsed();
+        }
+        ensure!(
+            changed.elapsed() < Duration::from_secs(180),
+            "v2 was not promoted within 180 s: {s:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    ensure!(canary_phase_seen, "the rollout never reported phase Canary");
+    let canary_done = restarted_in(&all[..1], &mine).await?;
+    ensure!(
+        canary_done.len() == per_namespace,
+        "promoted with canary restarts {canary_done:?}"
+    );
+    let total = per_namespace * all.len();
+    wait_rollout(
+        &policies,
+        &name,
+        &v2,
+        RolloutPhase::Complete,
+        Duration::from_secs(300),
+        |s| s.done == total as i64,
+    )
+    .await?;
+    let complete = changed.elapsed();
+    wait_until(Duration::from_secs(90), "every pod current at v2", || {
+        all_current(&client, &all, per_namespace, &name, &v2)
+    })
+    .await?;
+    watch.abort();
+    let (max_restarting, min_available) = {
+        let o = seen.lock().unwrap_or_else(|e| e.into_inner());
+        (o.max_restarting, o.min_available)
+    };
+    ensure!(
+        max_restarting <= 2,
+        "{max_restarting} restarting at once (budget 2)"
+    );
+    ensure!(
+        min_available.is_some_and(|a| a >= 1),
+        "a Deployment fell below its availability: {min_available:?}"
+    );
+    // An in-tree policy is served by webhook while the canary is open, and in-tree again after.
+    wait_until(
+        Duration::from_secs(30),
+        "the policy back in-tree",
+        || async {
+            Ok(policies.get(&name).await?.status.and_then(|s| s.mode) == Some(Mode::InTree))
+        },
+    )
+    .await?;
+    report(format!(
+        "REPORT rollout canary: {total} Deployments in 3 namespaces (1 canary), budget 2: promoted {:.1}s and complete {:.1}s after the change; at most {max_restarting} restarting at once",
+        promoted.as_secs_f64(),
+        complete.as_secs_f64(),
+    ));
+
+    // v3: the sidecar exits 1. The canary halts alone; new pods elsewhere keep v2.
+    setup.apply(&name, spec("v3", &["exit", "1"])).await?;
+    let changed = Instant::now();
+    let v3 = new_hash(&policies, &name, &v2).await?;
+    canary_open(&client, &policies, &name, (&v3, &v2), (canary_ns, &prod[1])).await?;
+    let halted = wait_rollout(
+        &policies,
+        &name,
+        &v3,
+        RolloutPhase::Halted,
+        Duration::from_secs(timeout + 150),
+        |_| true,
+    )
+    .await?;
+    let took = changed.elapsed();
+    ensure_rolled_out(&policies, &name, "False", "Halted").await?;
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let mine = format!("{name}@{v3}");
+    let outside = restarted_in(prod, &mine).await?;
+    ensure!(outside.is_empty(), "a halted canary restarted {outside:?}");
+    for ns in prod {
+        ensure!(
+            dry_run_hash(&client, &ns.name, &name).await?.as_deref() == Some(v2.as_str()),
+            "a new pod outside the halted canary did not get v2"
+        );
+    }
+    ensure!(
+        halted
+            .halted_by
+            .as_deref()
+            .is_some_and(|h| h.contains(&canary_ns.name)),
+        "haltedBy {:?} is not a canary workload",
+        halted.halted_by
+    );
+    report(format!(
+        "REPORT rollout canary: v3 (sidecar exits 1) halted {:.1}s after the change (timeout {timeout}s), no Deployment outside the canary restarted",
+        took.as_secs_f64()
+    ));
+
+    // v4 fixes it: the canary goes again, is promoted, and the rollout completes.
+    setup.apply(&name, spec("v4", &["sleep"])).await?;
+    let changed = Instant::now();
+    let v4 = new_hash(&policies, &name, &v3).await?;
+    wait_rollout(
+        &policies,
+        &name,
+        &v4,
+        RolloutPhase::Complete,
+        Duration::from_secs(300),
+        |s| s.done == total as i64 && s.stable.as_ref().is_some_and(|st| st.template_hash == v4),
+    )
+    .await?;
+    wait_until(Duration::from_secs(90), "every pod current at v4", || {
+        all_current(&client, &all, per_namespace, &name, &v4)
+    })
+    .await?;
+    report(format!(
+        "REPORT rollout canary: v4 fixed the halted canary: complete {:.1}s after the change",
+        changed.elapsed().as_secs_f64()
+    ));
     Ok(())
 }

@@ -367,7 +367,9 @@ pub async fn run(
             let key = (policy.uid(), policy.metadata.generation);
             // The webhook's own compilation of this generation, when it has it: a second one per
             // policy (templates, selectors, render caches) would double that memory.
-            if let Some(c) = served.get(&name).filter(|c| Some(c.generation()) == key.1) {
+            if let Some(c) = crate::policy::serving::in_force_of(&served, &name)
+                .filter(|c| Some(c.generation()) == key.1)
+            {
                 compiled.remove(&name);
                 work.push((Arc::clone(policy), c));
                 continue;

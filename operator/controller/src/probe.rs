@@ -524,7 +524,8 @@ fn others(served: &splice_server::store::PolicyStore, name: &str) -> Vec<(String
     served
         .names()
         .into_iter()
-        .filter(|n| n != name)
+        // A canary's entry (`<policy>@canary`) is the same policy's.
+        .filter(|n| n != name && !n.contains('@'))
         .filter_map(|n| served.get(&n).map(|c| (n, c)))
         .flat_map(|(n, c)| {
             verdict::injected_containers(&c)

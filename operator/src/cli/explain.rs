@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 use splice_crds::PodSecurityLevel;
 use splice_engine::explain::{self as why, InjectionState, Verdict};
+use splice_engine::selector::Selector;
 use splice_engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
 };
@@ -97,6 +98,41 @@ pub(crate) struct PolicyInput {
     /// The webhook configuration serving it, from its status (online only; offline it is
     /// planned as Splice would).
     pub entry: Option<String>,
+    /// Its open canary, from its spec and status (online only).
+    pub canary: Option<CanaryInput>,
+}
+
+/// An open canary: its selectors, the revision it gets and the promoted one everyone else gets.
+#[derive(Debug)]
+pub(crate) struct CanaryInput {
+    pub selectors: splice_crds::Canary,
+    pub canary_revision: String,
+    pub promoted_revision: String,
+}
+
+impl CanaryInput {
+    /// The canary of `policy` while its status says one is open.
+    fn of(policy: &splice_crds::InjectionPolicy) -> Option<CanaryInput> {
+        let selectors = policy.spec.rollout.as_ref()?.canary.clone()?;
+        let rollout = policy.status.as_ref()?.rollout.as_ref()?;
+        Some(CanaryInput {
+            selectors,
+            canary_revision: rollout.canary_revision.clone()?,
+            promoted_revision: rollout.stable.as_ref()?.template_hash.clone(),
+        })
+    }
+}
+
+/// Which revision of a policy with an open canary a pod like this one gets, and why.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RevisionReport {
+    /// The canary's selectors match the pod's namespace and labels.
+    pub in_canary: bool,
+    pub canary_revision: String,
+    pub promoted_revision: String,
+    /// What a new pod like this one gets.
+    pub new_pods_get: String,
 }
 
 /// The webhook entry that serves a policy, and the policies it applies in one call.
@@ -205,6 +241,9 @@ pub(crate) struct PolicyReport {
     /// The webhook entry serving the policy (absent when none does: paused or invalid).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_entry: Option<EntryReport>,
+    /// While the policy's canary is open: which revision pods like this one get.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<RevisionReport>,
 }
 
 /// The pure core shared by the online and offline paths. Fails only when the pod's
@@ -250,6 +289,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 injected,
                 probe: p.probe.clone(),
                 webhook_entry,
+                revision: None,
             },
             Ok(compiled) => {
                 let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
@@ -284,14 +324,39 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     injected,
                     probe: p.probe.clone(),
                     webhook_entry,
+                    revision: p.canary.as_ref().map(|c| {
+                        let in_canary = Selector::read(c.selectors.namespace_selector.as_ref())
+                            .matches(|k| inputs.namespace.labels.get(k).map(String::as_str))
+                            && Selector::read(c.selectors.object_selector.as_ref())
+                                .matches(|k| labels.get(k).map(String::as_str));
+                        RevisionReport {
+                            in_canary,
+                            canary_revision: c.canary_revision.clone(),
+                            promoted_revision: c.promoted_revision.clone(),
+                            new_pods_get: if in_canary {
+                                c.canary_revision.clone()
+                            } else {
+                                c.promoted_revision.clone()
+                            },
+                        }
+                    }),
                 }
             }
         };
         policies.push(report);
     }
+    // A pod outside an open canary that carries the promoted revision is pinned, not outdated:
+    // recreating it gives it that revision again.
+    let pinned = |p: &PolicyReport| {
+        p.revision.as_ref().is_some_and(|r| {
+            p.injected
+                .as_ref()
+                .is_some_and(|e| e.hash == r.new_pods_get)
+        })
+    };
     let outdated = policies
         .iter()
-        .any(|p| matches!(p.injection, InjectionState::Outdated { .. }));
+        .any(|p| matches!(p.injection, InjectionState::Outdated { .. }) && !pinned(p));
     Ok(Report {
         pod: inputs.title.clone(),
         namespace: inputs.namespace.name.clone(),
@@ -324,6 +389,7 @@ fn entries_of(policies: &[PolicyInput]) -> BTreeMap<String, EntryReport> {
                 uid: p.name.clone(),
                 spec: spec.clone(),
                 failure_policy: spec.failure_policy,
+                canary: None,
             })
         });
         let plan = Plan::new(members, &format!("{DEFAULT_SPLICE_NAMESPACE}/"));
@@ -438,6 +504,25 @@ fn render_table(report: &Report) -> String {
                 let _ = writeln!(out, "{}: mode Webhook (requested)", p.name);
             }
             (None, _) => {}
+        }
+    }
+    for p in &report.policies {
+        if let Some(r) = &p.revision {
+            let carries = p.injected.as_ref().map(|e| e.hash.as_str());
+            let _ = writeln!(
+                out,
+                "{}: canary open (revision {}; promoted {}): this pod is {} the canary, so a pod like it gets {}{}",
+                p.name,
+                r.canary_revision,
+                r.promoted_revision,
+                if r.in_canary { "in" } else { "outside" },
+                r.new_pods_get,
+                match carries {
+                    Some(h) if h == r.new_pods_get => "; it carries that revision",
+                    Some(_) => "; it carries another",
+                    None => "",
+                }
+            );
         }
     }
     for p in &report.policies {
@@ -568,6 +653,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             compiled: Ok(p.compiled),
             probe: None,
             entry: None,
+            canary: None,
         })
         .collect();
     if !paused.is_empty() {
@@ -579,6 +665,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             compiled: Ok(p.compiled),
             probe: None,
             entry: None,
+            canary: None,
         }));
         policies.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -684,6 +771,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
                     .status
                     .as_ref()
                     .and_then(|s| s.webhook_configuration.clone()),
+                canary: CanaryInput::of(p),
                 name,
             }
         })
@@ -774,6 +862,7 @@ mod tests {
             compiled: CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string()),
             probe: None,
             entry: None,
+            canary: None,
         }
     }
 
@@ -864,6 +953,58 @@ mod tests {
         .unwrap();
         assert!(r.outdated);
         assert!(render_table(&r).contains("OUTDATED"));
+    }
+
+    #[test]
+    fn with_a_canary_open_a_pod_outside_it_is_pinned_to_the_promoted_revision_not_outdated() {
+        let pod = |labels: Value| {
+            let status = serde_json::json!({"mesh": {"hash": "promoted"}}).to_string();
+            serde_json::json!({
+                "metadata": {"labels": labels, "annotations": {"splice.dev/status": status}},
+                "spec": {"containers": [{"name": "app"}]}
+            })
+        };
+        let canary = || {
+            let mut p = input("mesh", "template: {labels: {a: b}}\n", false);
+            p.canary = Some(CanaryInput {
+                selectors: serde_yaml::from_str("objectSelector: {matchLabels: {track: canary}}")
+                    .unwrap(),
+                canary_revision: "new".into(),
+                promoted_revision: "promoted".into(),
+            });
+            p
+        };
+        let outside = explain(&inputs("shop", pod(serde_json::json!({})), vec![canary()])).unwrap();
+        assert!(
+            !outside.outdated,
+            "recreating it would give it the promoted revision again"
+        );
+        let r = outside.policies[0]
+            .revision
+            .as_ref()
+            .expect("a canary report");
+        assert!(!r.in_canary);
+        assert_eq!(r.new_pods_get, "promoted");
+        let table = render_table(&outside);
+        assert!(
+            table.contains("this pod is outside the canary, so a pod like it gets promoted; it carries that revision"),
+            "{table}"
+        );
+
+        let inside = explain(&inputs(
+            "shop",
+            pod(serde_json::json!({"track": "canary"})),
+            vec![canary()],
+        ))
+        .unwrap();
+        assert!(
+            inside.outdated,
+            "in the canary, the promoted revision is the old one"
+        );
+        assert_eq!(
+            inside.policies[0].revision.as_ref().unwrap().new_pods_get,
+            "new"
+        );
     }
 
     #[test]

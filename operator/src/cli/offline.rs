@@ -904,6 +904,7 @@ pub(crate) fn entries(policies: &[LoadedPolicy], splice_namespace: &str) -> Vec<
         uid: p.name.clone(),
         spec: p.compiled.spec().clone(),
         failure_policy: p.compiled.spec().failure_policy,
+        canary: None,
     });
     // A cluster's instance is its namespace and policy selector; offline there is no selector.
     let plan = Plan::new(members, &format!("{splice_namespace}/"));

@@ -1,5 +1,5 @@
 //! `splice rollout status|halt|resume|promote POLICY`: shows and steers a policy's rollout
-//! (`spec.rollout`). `halt` and `resume` only annotate the policy; the leader reads the
+//! (`spec.rollout`). `halt`, `resume` and `promote` only annotate the policy; the leader reads the
 //! annotations at its next pass, so a request made while no replica leads is kept until one does.
 
 use std::process::ExitCode;
@@ -12,7 +12,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use splice_controller::rollout::plan::HALT_REQUESTED;
 use splice_crds::{
-    InjectionPolicy, ROLLOUT_HALT_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase, condition,
+    InjectionPolicy, ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION,
+    ROLLOUT_RESUME_ANNOTATION, RolloutPhase, condition,
 };
 
 #[derive(clap::Args, Debug)]
@@ -35,17 +36,12 @@ enum Action {
     /// Lift a halt of the current revision, requested or after a failed workload: workloads that
     /// failed before now no longer halt the rollout.
     Resume { policy: String },
-    /// Promote a canary: not available, the canary stage is not supported yet.
+    /// Promote the open canary now, healthy or not: every other pod gets its revision and the
+    /// rest of the cluster rolls to it (annotates the policy with splice.dev/rollout-promote).
     Promote { policy: String },
 }
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
-    if let Action::Promote { policy } = &args.action {
-        eprintln!(
-            "error: policy {policy}: nothing to promote: the canary stage (spec.rollout.canary) is not supported yet"
-        );
-        return ExitCode::from(2);
-    }
     let mut halted = false;
     let code = super::run_to_exit(async {
         let client = cluster.client().await?;
@@ -88,7 +84,24 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
                 .await?;
                 println!("policy {policy}: rollout of revision {revision} resumed");
             }
-            Action::Promote { .. } => {}
+            Action::Promote { policy } => {
+                let p = api
+                    .get(&policy)
+                    .await
+                    .with_context(|| format!("reading policy {policy}"))?;
+                let canary = p
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.rollout.as_ref())
+                    .and_then(|r| r.canary_revision.clone())
+                    .with_context(|| {
+                        format!("policy {policy}: no canary is open, nothing to promote")
+                    })?;
+                annotate(&api, &policy, json!({ROLLOUT_PROMOTE_ANNOTATION: canary})).await?;
+                println!(
+                    "policy {policy}: promotion of canary revision {canary} requested; the leader promotes it at its next pass"
+                );
+            }
         }
         Ok(())
     });
@@ -123,7 +136,7 @@ fn finished(p: &InjectionPolicy) -> bool {
     };
     match r.phase {
         RolloutPhase::Complete | RolloutPhase::Idle => true,
-        RolloutPhase::Rolling => false,
+        RolloutPhase::Rolling | RolloutPhase::Canary => false,
         RolloutPhase::Halted => !resume_pending(p, r),
     }
 }
@@ -204,6 +217,12 @@ fn describe(p: &InjectionPolicy) -> String {
     }
     if let Some(by) = &s.halted_by {
         line.push_str(&format!("; halted by {by}"));
+    }
+    if let (Some(canary), Some(stable)) = (&s.canary_revision, &s.stable) {
+        line.push_str(&format!(
+            "; canary gets template {canary}, every other pod {}",
+            stable.template_hash
+        ));
     }
     let rolled = p.status.as_ref().and_then(|st| {
         st.conditions

@@ -13,6 +13,11 @@
 //! server also matches the old object, which the webhook does not read), so policies that take
 //! UPDATE only share with policies of the same object selector.
 //!
+//! A policy whose canary is open (`spec.rollout.canary`, see [`canary_split`]) has its own
+//! configuration with several webhooks: `/inject/<policy>@canary` serves the revision in force to
+//! the canary, and `/inject/<policy>` serves the promoted one to every other pod, so the entry it
+//! had before the split never hands the new revision to pods outside the canary.
+//!
 //! An entry serving one policy keeps the policy's own names (`splice-<policy>`,
 //! `<policy>.splice.dev`, `/inject/<policy>`); a shared one is named after its terms, so it keeps
 //! its name while policies join and leave it. Its path lists its policies in the order they apply
@@ -22,7 +27,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use sha2::{Digest, Sha256};
-use splice_crds::{FailurePolicy, InjectionPolicySpec, Operation};
+use splice_crds::{Canary, FailurePolicy, InjectionPolicySpec, Operation};
 
 use crate::{CompiledPolicy, Selection};
 
@@ -44,6 +49,8 @@ pub struct Member {
     pub uid: String,
     pub spec: InjectionPolicySpec,
     pub failure_policy: FailurePolicy,
+    /// Set while the policy's canary is open: its entry is its own, split by [`canary_split`].
+    pub canary: Option<Canary>,
 }
 
 /// The terms under which the API server calls a webhook entry.
@@ -59,6 +66,8 @@ struct Terms {
     namespace_selector: String,
     /// Part of the terms only for policies that take UPDATE.
     object_selector: Option<String>,
+    /// The policy's name while its canary is open: no other policy shares its entries.
+    alone: Option<String>,
 }
 
 impl Terms {
@@ -76,6 +85,7 @@ impl Terms {
             timeout_seconds: m.spec.timeout_seconds,
             namespace_selector: canonical(m.spec.namespace_selector.as_ref()),
             object_selector: update.then(|| canonical(m.spec.object_selector.as_ref())),
+            alone: m.canary.is_some().then(|| m.name.clone()),
         }
     }
 }
@@ -123,6 +133,156 @@ impl Group {
 
     pub fn names(&self) -> Vec<&str> {
         self.members.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    /// The entries the API server calls for this group: one, or while its policy's canary is
+    /// open, the canary's and one per requirement for the pods outside it.
+    pub fn entries(&self) -> Vec<Entry> {
+        let only = match &self.members[..] {
+            [only] => only,
+            _ => return vec![Entry::whole(self)],
+        };
+        let Some(canary) = &only.canary else {
+            return vec![Entry::whole(self)];
+        };
+        canary_split(canary)
+            .into_iter()
+            .enumerate()
+            .map(|(i, split)| {
+                let (webhook, path) = if split.stable {
+                    (format!("stable-{i}.{}", self.webhook), self.path())
+                } else {
+                    (
+                        self.webhook.clone(),
+                        entry_path([canary_key(&only.name).as_str()]),
+                    )
+                };
+                Entry {
+                    webhook,
+                    path,
+                    namespace: split.namespace,
+                    object: split.object,
+                }
+            })
+            .collect()
+    }
+}
+
+/// One webhook of a group's configuration: its name, path, and the requirements it adds to the
+/// group's selectors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    pub webhook: String,
+    pub path: String,
+    pub namespace: Vec<LabelSelectorRequirement>,
+    pub object: Vec<LabelSelectorRequirement>,
+}
+
+impl Entry {
+    fn whole(group: &Group) -> Entry {
+        Entry {
+            webhook: group.webhook.clone(),
+            path: group.path(),
+            namespace: Vec::new(),
+            object: Vec::new(),
+        }
+    }
+}
+
+/// The store key and path name of what a policy's canary gets: the revision in force. Under its
+/// own name a policy with an open canary serves the promoted revision, so the entry it had before
+/// the split (and the entries for the pods outside the canary) never serve the new one. A policy
+/// name cannot hold `@`.
+pub fn canary_key(policy: &str) -> String {
+    format!("{policy}{CANARY_SUFFIX}")
+}
+
+const CANARY_SUFFIX: &str = "@canary";
+
+/// One part of a canary split: the requirements it adds, and whether its pods get the promoted
+/// revision (`stable`) or the new one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Split {
+    pub namespace: Vec<LabelSelectorRequirement>,
+    pub object: Vec<LabelSelectorRequirement>,
+    pub stable: bool,
+}
+
+/// Splits every pod a policy selects into the canary and the rest, as selectors the API server
+/// evaluates: the canary's requirements r1..rn (namespace first, then object), then for each i
+/// "r1..r(i-1) hold and ri does not". The parts are disjoint and together cover everything, so
+/// each pod is sent to exactly one entry, with no cache of Splice's in the decision. A
+/// LabelSelector cannot express a negation, but one requirement can always be negated.
+pub fn canary_split(canary: &Canary) -> Vec<Split> {
+    let namespace = requirements(canary.namespace_selector.as_ref());
+    let object = requirements(canary.object_selector.as_ref());
+    let all: Vec<(bool, &LabelSelectorRequirement)> = namespace
+        .iter()
+        .map(|r| (true, r))
+        .chain(object.iter().map(|r| (false, r)))
+        .collect();
+    let mut out = vec![Split {
+        namespace: namespace.clone(),
+        object: object.clone(),
+        stable: false,
+    }];
+    for (i, (in_namespace, r)) in all.iter().enumerate() {
+        let mut split = Split {
+            namespace: Vec::new(),
+            object: Vec::new(),
+            stable: true,
+        };
+        for (kept_namespace, kept) in &all[..i] {
+            let side = if *kept_namespace {
+                &mut split.namespace
+            } else {
+                &mut split.object
+            };
+            side.push((*kept).clone());
+        }
+        let negated = negate(r);
+        if *in_namespace {
+            split.namespace.push(negated);
+        } else {
+            split.object.push(negated);
+        }
+        out.push(split);
+    }
+    out
+}
+
+/// A selector's requirements, `matchLabels` written as `In` expressions.
+fn requirements(selector: Option<&LabelSelector>) -> Vec<LabelSelectorRequirement> {
+    let Some(s) = selector else {
+        return Vec::new();
+    };
+    let labels = s
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| LabelSelectorRequirement {
+            key: k.clone(),
+            operator: "In".to_owned(),
+            values: Some(vec![v.clone()]),
+        });
+    labels
+        .chain(s.match_expressions.iter().flatten().cloned())
+        .collect()
+}
+
+/// The requirement that holds exactly where `r` does not: `NotIn` also matches a missing label,
+/// `In` requires it.
+fn negate(r: &LabelSelectorRequirement) -> LabelSelectorRequirement {
+    let operator = match r.operator.as_str() {
+        "In" => "NotIn",
+        "NotIn" => "In",
+        "Exists" => "DoesNotExist",
+        _ => "Exists",
+    };
+    LabelSelectorRequirement {
+        key: r.key.clone(),
+        operator: operator.to_owned(),
+        values: r.values.clone(),
     }
 }
 
@@ -379,6 +539,7 @@ mod tests {
             uid: format!("uid-{name}"),
             spec,
             failure_policy: FailurePolicy::Ignore,
+            canary: None,
         }
     }
 
@@ -531,5 +692,100 @@ mod tests {
             "splice-system",
         );
         assert_eq!(plan.groups().len(), 1);
+    }
+
+    fn expression(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    fn selector_of(requirements: &[LabelSelectorRequirement]) -> crate::selector::Selector {
+        crate::selector::Selector::read(Some(&LabelSelector {
+            match_labels: None,
+            match_expressions: Some(requirements.to_vec()),
+        }))
+    }
+
+    proptest::proptest! {
+        /// Every pair of namespace and pod labels is sent to exactly one part of the split, and
+        /// to the canary's exactly when the canary's selectors match it.
+        #[test]
+        fn a_canary_split_sends_every_pod_to_exactly_one_entry(
+            ns in proptest::collection::btree_map("[abc]", "[xy]", 0..3),
+            pod in proptest::collection::btree_map("[abc]", "[xy]", 0..3),
+        ) {
+            let canary = Canary {
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("a".into(), "x".into())])),
+                    match_expressions: Some(vec![expression("b", "DoesNotExist", &[])]),
+                }),
+                object_selector: Some(LabelSelector {
+                    match_labels: None,
+                    match_expressions: Some(vec![
+                        expression("c", "NotIn", &["y"]),
+                        expression("a", "Exists", &[]),
+                    ]),
+                }),
+            };
+            let splits = canary_split(&canary);
+            let matching: Vec<&Split> = splits
+                .iter()
+                .filter(|s| {
+                    selector_of(&s.namespace).matches(|k| ns.get(k).map(String::as_str))
+                        && selector_of(&s.object).matches(|k| pod.get(k).map(String::as_str))
+                })
+                .collect();
+            proptest::prop_assert_eq!(matching.len(), 1);
+            let in_canary = crate::selector::Selector::read(canary.namespace_selector.as_ref())
+                .matches(|k| ns.get(k).map(String::as_str))
+                && crate::selector::Selector::read(canary.object_selector.as_ref())
+                    .matches(|k| pod.get(k).map(String::as_str));
+            proptest::prop_assert_eq!(!matching[0].stable, in_canary);
+        }
+    }
+
+    #[test]
+    fn an_open_canary_gets_its_own_entry_for_the_canary_and_one_per_requirement_for_the_rest() {
+        let mut m = member("mesh", |_| {});
+        m.canary = Some(Canary {
+            namespace_selector: labels("tier", "canary"),
+            object_selector: Some(LabelSelector {
+                match_labels: None,
+                match_expressions: Some(vec![expression("track", "Exists", &[])]),
+            }),
+        });
+        let other = member("other", |_| {});
+        let plan = Plan::new([m, other], "i");
+        let group = plan.group_of("mesh").expect("served");
+        assert_eq!(group.names(), ["mesh"], "an open canary shares no entry");
+        let entries = group.entries();
+        let paths: Vec<(&str, &str)> = entries
+            .iter()
+            .map(|e| (e.webhook.as_str(), e.path.as_str()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("mesh.splice.dev", "/inject/mesh@canary"),
+                ("stable-1.mesh.splice.dev", "/inject/mesh"),
+                ("stable-2.mesh.splice.dev", "/inject/mesh"),
+            ]
+        );
+        assert_eq!(
+            entries[1].namespace,
+            [expression("tier", "NotIn", &["canary"])]
+        );
+        assert_eq!(
+            (&entries[2].namespace, &entries[2].object),
+            (
+                &vec![expression("tier", "In", &["canary"])],
+                &vec![expression("track", "DoesNotExist", &[])]
+            )
+        );
+        let parsed = EntryPath::parse(&entries[0].path).expect("an entry path");
+        assert_eq!(parsed.names().collect::<Vec<_>>(), ["mesh@canary"]);
     }
 }

@@ -8,13 +8,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use kube::ResourceExt;
-use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
 
 use super::conditions::{FailurePolicyDecision, effective_failure_policy};
 use super::conflicts::{Conflict, conflicts_of};
 use super::intree::{self, ModeDecision};
 use super::neighbours::Stamp;
-use super::serving::{InForce, ServedSpecs, in_force};
+use super::serving::{InForce, ServedEntry, ServedSpecs, in_force, open_canary};
 use crate::guard::GuardStatus;
 use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
 
@@ -66,7 +66,11 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
         }),
         InForce::Current(_) | InForce::Nothing(_) => Cow::Borrowed(policy),
     };
-    let mode = intree::decide(served.spec.mode, in_force.compiled());
+    let canary = in_force
+        .compiled()
+        .and_then(|c| open_canary(policy, c.template_hash()))
+        .map(|(canary, _)| canary.clone());
+    let mode = intree::decide(served.spec.mode, in_force.compiled(), canary.is_some());
     let failure_policy = match &mode.program {
         Some(_) => intree::failure_policy(served.spec.failure_policy),
         None => effective_failure_policy(served.spec.failure_policy, world.guard),
@@ -74,7 +78,14 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
     let conflicts = conflicts_of(policy, world.policies.iter().map(AsRef::as_ref));
     // In webhook mode only; in-tree, a policy is no webhook entry's.
     let serves = !policy.spec.paused && in_force.compiled().is_some() && mode.program.is_none();
-    let plan = plan_entries(world, policy, serves.then_some(&served.spec));
+    let plan = plan_entries(
+        world,
+        policy,
+        serves.then(|| ServedEntry {
+            spec: served.spec.clone(),
+            canary,
+        }),
+    );
     let group = plan.group_of(&name).cloned();
     let mut names: BTreeSet<&str> = conflicts.iter().map(|c| c.other.as_str()).collect();
     names.extend(
@@ -119,21 +130,22 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
 fn plan_entries(
     world: &World<'_>,
     this: &InjectionPolicy,
-    this_spec: Option<&InjectionPolicySpec>,
+    this_served: Option<ServedEntry>,
 ) -> Plan {
-    let member = |p: &InjectionPolicy, spec: &InjectionPolicySpec| Member {
+    let member = |p: &InjectionPolicy, served: &ServedEntry| Member {
         name: p.name_any(),
         uid: p.metadata.uid.clone().unwrap_or_default(),
-        failure_policy: effective_failure_policy(spec.failure_policy, world.guard).effective,
-        spec: spec.clone(),
+        failure_policy: effective_failure_policy(served.spec.failure_policy, world.guard).effective,
+        spec: served.spec.clone(),
+        canary: served.canary.clone(),
     };
     let this_name = this.name_any();
     let others = world
         .policies
         .iter()
         .filter(|p| p.name_any() != this_name)
-        .filter_map(|p| world.served.get(p).map(|spec| member(p, &spec)));
-    let this = this_spec.map(|spec| member(this, spec));
+        .filter_map(|p| world.served.get(p).map(|served| member(p, &served)));
+    let this = this_served.map(|served| member(this, &served));
     Plan::new(others.chain(this), world.instance)
 }
 

@@ -43,9 +43,22 @@ pub struct ModeDecision {
 
 /// Decides the mode of the generation in force (`compiled`; `None` when nothing compiles, and
 /// nothing is served either way).
-pub fn decide(requested: Mode, compiled: Option<&CompiledPolicy>) -> ModeDecision {
+/// While a canary is open (`canary_open`) the policy serves two revisions, split by webhook
+/// entries, so it runs on the webhook until the promotion.
+pub fn decide(
+    requested: Mode,
+    compiled: Option<&CompiledPolicy>,
+    canary_open: bool,
+) -> ModeDecision {
     let verdict = match (requested, compiled) {
         (Mode::Webhook, _) | (_, None) => None,
+        (Mode::Auto | Mode::InTree, Some(_)) if canary_open => Some(Err(WebhookOnly {
+            field: "spec.rollout.canary".into(),
+            expression: None,
+            reason: "an open canary serves two revisions, split between webhook entries; \
+                     in-tree again once it is promoted"
+                .into(),
+        })),
         (Mode::Auto | Mode::InTree, Some(c)) => Some(c.in_tree()),
     };
     match verdict {
@@ -327,10 +340,10 @@ template:
     #[test]
     fn a_policy_of_plain_references_runs_in_tree_under_auto_and_webhook_when_asked() {
         let (_, c) = policy(SIDECAR);
-        let auto = decide(Mode::Auto, Some(&c));
+        let auto = decide(Mode::Auto, Some(&c), false);
         assert_eq!(auto.effective, Mode::InTree);
         assert!(auto.program.as_ref().unwrap().patch.contains("JSONPatch"));
-        let forced = decide(Mode::Webhook, Some(&c));
+        let forced = decide(Mode::Webhook, Some(&c), false);
         assert_eq!((forced.effective, forced.program), (Mode::Webhook, None));
     }
 
@@ -342,7 +355,7 @@ template:
   containers: [{name: proxy, image: "p", env: [{name: X, value: "{{ namespace.name | upper }}"}]}]
 "#,
         );
-        let d = decide(Mode::Auto, Some(&c));
+        let d = decide(Mode::Auto, Some(&c), false);
         assert_eq!(d.effective, Mode::Webhook);
         let why = d.webhook_only.unwrap().to_string();
         assert!(

@@ -303,6 +303,7 @@ mod tests {
                 uid: "u".into(),
                 spec: Default::default(),
                 failure_policy: FailurePolicy::Ignore,
+                canary: None,
             }),
             "test",
         )

@@ -174,6 +174,7 @@ pub fn render(
             uid,
             spec: policy.spec.clone(),
             failure_policy,
+            canary: None,
         }],
         cx.splice_namespace,
     );
@@ -216,35 +217,41 @@ pub fn render_group(
     }
     // Every member has the same terms (see `groups`): the first one's are the entry's.
     let spec = &first.spec;
-    let operations = spec
+    let operations: Vec<String> = spec
         .operations
         .iter()
         .map(|o| o.as_str().to_owned())
         .collect();
 
-    let webhook = MutatingWebhook {
-        name: group.webhook.clone(),
-        admission_review_versions: vec!["v1".to_owned()],
-        client_config: cx.target.client_config_at(&group.path(), cx.ca_bundle),
-        failure_policy: Some(first.failure_policy.as_str().to_owned()),
-        match_policy: Some("Equivalent".to_owned()),
-        namespace_selector: Some(namespace_selector(
-            spec.namespace_selector.as_ref(),
-            cx.splice_namespace,
-        )),
-        object_selector: Some(object_selector(group.object_selector())),
-        reinvocation_policy: Some(spec.reinvocation_policy.as_str().to_owned()),
-        rules: Some(vec![RuleWithOperations {
-            api_groups: Some(vec![String::new()]),
-            api_versions: Some(vec!["v1".to_owned()]),
-            operations: Some(operations),
-            resources: Some(vec!["pods".to_owned()]),
-            scope: Some("Namespaced".to_owned()),
-        }]),
-        side_effects: "None".to_owned(),
-        timeout_seconds: Some(spec.timeout_seconds),
-        match_conditions: None,
-    };
+    let webhooks = group
+        .entries()
+        .into_iter()
+        .map(|entry| MutatingWebhook {
+            name: entry.webhook,
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: cx.target.client_config_at(&entry.path, cx.ca_bundle),
+            failure_policy: Some(first.failure_policy.as_str().to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(namespace_selector(
+                narrowed(spec.namespace_selector.as_ref(), entry.namespace).as_ref(),
+                cx.splice_namespace,
+            )),
+            object_selector: Some(object_selector(
+                narrowed(group.object_selector(), entry.object).as_ref(),
+            )),
+            reinvocation_policy: Some(spec.reinvocation_policy.as_str().to_owned()),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".to_owned()]),
+                operations: Some(operations.clone()),
+                resources: Some(vec!["pods".to_owned()]),
+                scope: Some("Namespaced".to_owned()),
+            }]),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(spec.timeout_seconds),
+            match_conditions: None,
+        })
+        .collect();
 
     Ok(MutatingWebhookConfiguration {
         metadata: ObjectMeta {
@@ -256,7 +263,7 @@ pub fn render_group(
             owner_references: Some(owners),
             ..ObjectMeta::default()
         },
-        webhooks: Some(vec![webhook]),
+        webhooks: Some(webhooks),
     })
 }
 
@@ -286,6 +293,21 @@ pub(crate) fn namespace_selector(
             values: Some(excluded_namespaces(splice_namespace)),
         },
     )
+}
+
+/// `selector` with `extra` requirements ANDed (a canary split's), `None` when both are empty.
+fn narrowed(
+    selector: Option<&LabelSelector>,
+    extra: Vec<LabelSelectorRequirement>,
+) -> Option<LabelSelector> {
+    if extra.is_empty() {
+        return selector.cloned();
+    }
+    let mut s = selector.cloned().unwrap_or_default();
+    s.match_expressions
+        .get_or_insert_with(Vec::new)
+        .extend(extra);
+    Some(s)
 }
 
 /// The policy's object selector AND "not opted out".

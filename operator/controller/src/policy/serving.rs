@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use kube::ResourceExt;
 use serde_json::Value;
-use splice_crds::{InjectionPolicy, InjectionPolicySpec};
+use splice_crds::{Canary, InjectionPolicy, InjectionPolicySpec, StableRevision};
 use splice_engine::{CompiledPolicy, PolicyError};
 
 /// What a policy serves, decided from the object alone.
@@ -84,21 +84,30 @@ pub fn in_force(policy: &InjectionPolicy) -> InForce {
 #[derive(Debug, Default)]
 pub struct ServedSpecs(Mutex<HashMap<String, (Version, Served)>>);
 
-/// The spec a policy serves, if any.
-type Served = Option<Arc<InjectionPolicySpec>>;
+/// What a policy serves by webhook: the spec in force, and its canary while one is open.
+#[derive(Debug, PartialEq)]
+pub struct ServedEntry {
+    pub spec: InjectionPolicySpec,
+    pub canary: Option<Canary>,
+}
 
-/// What decides the spec in force: the spec (its generation) and the last good one in the status.
+/// The spec a policy serves, if any.
+type Served = Option<Arc<ServedEntry>>;
+
+/// What decides the spec in force: the spec (its generation) and the last good one in the status,
+/// and the promoted revision, which decides whether a canary is open.
 #[derive(Debug, PartialEq, Eq)]
 struct Version {
     uid: Option<String>,
     generation: Option<i64>,
     serving_generation: Option<i64>,
+    stable: Option<String>,
 }
 
 impl ServedSpecs {
-    /// The spec `policy` serves in a webhook, or `None` when it serves none (paused, being
-    /// deleted, nothing compiles, or it runs in-tree).
-    pub fn get(&self, policy: &InjectionPolicy) -> Option<Arc<InjectionPolicySpec>> {
+    /// What `policy` serves in a webhook, or `None` when it serves none (paused, being deleted,
+    /// nothing compiles, or it runs in-tree).
+    pub fn get(&self, policy: &InjectionPolicy) -> Served {
         if policy.spec.paused || policy.metadata.deletion_timestamp.is_some() {
             return None;
         }
@@ -106,26 +115,68 @@ impl ServedSpecs {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,
             serving_generation: policy.status.as_ref().and_then(|s| s.serving_generation),
+            stable: stable(policy).map(|s| s.template_hash.clone()),
         };
         let name = policy.name_any();
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((v, spec)) = known.get(&name)
+        if let Some((v, served)) = known.get(&name)
             && *v == version
         {
-            return spec.clone();
+            return served.clone();
         }
         // A policy running in-tree is served by its MutatingAdmissionPolicy, not by a webhook.
-        let spec = in_force(policy)
-            .into_compiled()
-            .filter(|c| {
-                super::intree::decide(c.spec().mode, Some(c))
-                    .program
-                    .is_none()
+        let served = in_force(policy).into_compiled().and_then(|c| {
+            let canary = open_canary(policy, c.template_hash()).map(|(canary, _)| canary.clone());
+            let in_tree = super::intree::decide(c.spec().mode, Some(&c), canary.is_some())
+                .program
+                .is_some();
+            (!in_tree).then(|| {
+                Arc::new(ServedEntry {
+                    spec: c.spec().clone(),
+                    canary,
+                })
             })
-            .map(|c| Arc::new(c.spec().clone()));
-        known.insert(name, (version, spec.clone()));
-        spec
+        });
+        known.insert(name, (version, served.clone()));
+        served
     }
+}
+
+/// The revision in force that a replica's webhook store serves for `name` (what a canary gets,
+/// and everything else when no canary is open).
+pub fn in_force_of(
+    store: &splice_server::store::PolicyStore,
+    name: &str,
+) -> Option<Arc<CompiledPolicy>> {
+    store
+        .get(&splice_engine::entry::canary_key(name))
+        .or_else(|| store.get(name))
+}
+
+/// The promoted revision the status keeps, when the policy has `spec.rollout`.
+pub fn stable(policy: &InjectionPolicy) -> Option<&StableRevision> {
+    policy.spec.rollout.as_ref()?;
+    policy.status.as_ref()?.rollout.as_ref()?.stable.as_ref()
+}
+
+/// The policy's canary while it is open: `spec.rollout.canary` is set, a revision was promoted,
+/// and the template in force (`template_hash`) is another. Before any promotion there is
+/// nothing to pin, so no canary is open. The leader (entries, rollout) and every replica (what
+/// it serves) decide with this one function.
+pub fn open_canary<'p>(
+    policy: &'p InjectionPolicy,
+    template_hash: &str,
+) -> Option<(&'p Canary, &'p StableRevision)> {
+    let canary = policy.spec.rollout.as_ref()?.canary.as_ref()?;
+    let stable = stable(policy)?;
+    (stable.template_hash != template_hash).then_some((canary, stable))
+}
+
+/// The promoted revision's spec, compiled, while `policy`'s canary is open.
+pub fn compile_stable(policy: &InjectionPolicy, template_hash: &str) -> Option<CompiledPolicy> {
+    let (_, stable) = open_canary(policy, template_hash)?;
+    let spec: InjectionPolicySpec = serde_json::from_value(stable.spec.clone()).ok()?;
+    CompiledPolicy::compile(&policy.name_any(), stable.generation, &spec).ok()
 }
 
 /// The generation the status says is in force, and its spec.

@@ -29,8 +29,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
     ConditionStatus, InjectionPolicy, InjectionPolicyStatus, RESTARTED_AT_ANNOTATION,
-    RESTARTED_FOR_ANNOTATION, ROLLOUT_HALT_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
-    RolloutStatus, STATUS_ANNOTATION, condition, set_condition,
+    RESTARTED_FOR_ANNOTATION, ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION,
+    ROLLOUT_RESUME_ANNOTATION, RolloutPhase, RolloutStatus, STATUS_ANNOTATION, StableRevision,
+    condition, set_condition,
 };
 use splice_engine::Exclusions;
 use splice_engine::selector::Selector;
@@ -39,6 +40,7 @@ use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workl
 use crate::coverage::{self, Observed, PodState, Policies};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
+use crate::policy::serving;
 
 /// The field manager of the restart annotations and of `status.rollout` and `RolledOut`.
 pub const ROLLOUT_MANAGER: &str = "splice-rollout";
@@ -193,6 +195,11 @@ struct Candidate {
     halt: Option<(String, Option<Timestamp>)>,
     held: bool,
     resumed_at: Option<Timestamp>,
+    /// The open canary's selectors, namespace and object.
+    canary: Option<(Selector, Selector)>,
+    promote_requested: bool,
+    /// The promoted revision the status keeps.
+    stable: Option<StableRevision>,
 }
 
 impl Loop {
@@ -243,8 +250,16 @@ impl Loop {
                         return None;
                     }
                     // The generation this replica's webhook serves: what new pods get.
-                    let compiled = served.get(&policy.name_any())?;
+                    let compiled = serving::in_force_of(&served, &policy.name_any())?;
                     let revision = coverage::revision(&compiled);
+                    let canary =
+                        serving::open_canary(&policy, compiled.template_hash()).map(|(c, _)| {
+                            (
+                                Selector::read(c.namespace_selector.as_ref()),
+                                Selector::read(c.object_selector.as_ref()),
+                            )
+                        });
+                    let stable = serving::stable(&policy).cloned();
                     let annotations = policy.annotations();
                     let resumed_at = annotations
                         .get(ROLLOUT_RESUME_ANNOTATION)
@@ -252,6 +267,9 @@ impl Loop {
                         .filter(|(r, _)| *r == revision)
                         .and_then(|(_, at)| at.parse::<Timestamp>().ok());
                     let held = annotations.contains_key(ROLLOUT_HALT_ANNOTATION);
+                    let promote_requested = annotations
+                        .get(ROLLOUT_PROMOTE_ANNOTATION)
+                        .is_some_and(|h| h == compiled.template_hash());
                     // A halt recorded in status holds until a resume requested after it.
                     let halt = policy
                         .status
@@ -284,6 +302,9 @@ impl Loop {
                         halt,
                         held,
                         resumed_at,
+                        canary,
+                        promote_requested,
+                        stable,
                     })
                 })
                 .collect();
@@ -326,24 +347,35 @@ impl Loop {
                             PodState::Outdated => PodNeed::Outdated,
                             PodState::Missed => PodNeed::Missed,
                         };
+                        let in_canary = c.canary.as_ref().is_some_and(|(ns, obj)| {
+                            let ns_labels = contexts.get(&*pod.namespace).map(|n| &n.labels);
+                            ns.matches(|k| ns_labels.and_then(|l| l.get(k)).map(String::as_str))
+                                && obj.matches(|k| pod.labels.get(k).map(String::as_str))
+                        });
                         Some(PodNeeding {
                             namespace: &pod.namespace,
                             labels: &pod.labels,
                             owner: pod.owner,
                             need,
+                            in_canary,
                         })
                     })
                     .collect(),
+                    canary: c.canary.is_some(),
+                    promote_requested: c.promote_requested,
                 })
                 .collect();
             let workloads = self.workloads(&caches);
-            let plans = plan::plan(
+            let mut plans = plan::plan(
                 &inputs,
                 &workloads,
                 &exclusions.namespaces,
                 self.config.max_concurrent,
                 Timestamp::now(),
             );
+            for (plan, c) in plans.iter_mut().zip(&candidates) {
+                pin(plan, c);
+            }
             let gauges = plans
                 .iter()
                 .map(|p| {
@@ -367,7 +399,27 @@ impl Loop {
                     return;
                 }
                 self.act(&plan, &caches, &c.policy).await;
-                self.report(&plan, &c.policy, &caches).await;
+                let reported = self.report(&plan, &c.policy, &caches).await;
+                if plan.promote && reported {
+                    let note = format!(
+                        "Promoted revision {} of policy {}: {}; the rest of the cluster now rolls to it",
+                        c.compiled.template_hash(),
+                        plan.policy,
+                        if c.promote_requested {
+                            "promotion requested"
+                        } else {
+                            "every canary workload is fully available on it"
+                        }
+                    );
+                    publish(
+                        &self.recorder,
+                        &c.policy,
+                        EventType::Normal,
+                        "Promoted",
+                        note,
+                    )
+                    .await;
+                }
             }
         }
     }
@@ -443,7 +495,13 @@ impl Loop {
 
     /// Writes `status.rollout` and `RolledOut` when they changed: a phase change at once,
     /// progress at most every [`STATUS_INTERVAL`]; a Warning Event when the rollout halts.
-    async fn report(&mut self, plan: &plan::Plan, policy: &InjectionPolicy, caches: &Caches) {
+    /// True when the status says what the plan does (written now or before).
+    async fn report(
+        &mut self,
+        plan: &plan::Plan,
+        policy: &InjectionPolicy,
+        caches: &Caches,
+    ) -> bool {
         let name = policy.name_any();
         let cached = policy.status.as_ref().and_then(|s| s.rollout.clone());
         let (known, last_write) = match self.reported.get(&name) {
@@ -454,15 +512,19 @@ impl Loop {
             None => (cached, None),
         };
         if known.as_ref() == Some(&plan.status) {
-            return;
+            return true;
         }
-        let phase_changed = known.as_ref().map(|s| (s.phase, &s.revision))
-            != Some((plan.status.phase, &plan.status.revision));
+        let phase_changed = known.as_ref().map(|s| (s.phase, &s.revision, &s.stable))
+            != Some((
+                plan.status.phase,
+                &plan.status.revision,
+                &plan.status.stable,
+            ));
         if !phase_changed && last_write.is_some_and(|at| at.elapsed() < STATUS_INTERVAL) {
-            return;
+            return false;
         }
         if !self.leading.now() {
-            return;
+            return false;
         }
         let mut conditions = policy
             .status
@@ -502,7 +564,7 @@ impl Loop {
                 source,
             };
             tracing::warn!(error = %e, label = e.label(), "rollout: status not written");
-            return;
+            return false;
         }
         self.reported.insert(
             name.clone(),
@@ -533,7 +595,27 @@ impl Loop {
             )
             .await;
         }
+        true
     }
+}
+
+/// Sets what the status keeps of the revisions: the promoted one stays while a canary is open and
+/// becomes the one in force when it is promoted or when no canary is configured (so that a canary
+/// added later pins it); the canary's while open.
+fn pin(plan: &mut plan::Plan, c: &Candidate) {
+    let open = c.canary.is_some() && !plan.promote;
+    let current = || {
+        Some(StableRevision {
+            template_hash: c.compiled.template_hash().to_owned(),
+            generation: c.compiled.generation(),
+            spec: serde_json::to_value(c.compiled.spec()).ok()?,
+        })
+    };
+    plan.status.stable = match &c.stable {
+        Some(kept) if open => Some(kept.clone()),
+        _ => current(),
+    };
+    plan.status.canary_revision = open.then(|| c.compiled.template_hash().to_owned());
 }
 
 /// The `RolledOut` condition for a rollout status: (status, reason, message).
@@ -543,6 +625,20 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
             ConditionStatus::True,
             "NothingToRestart",
             format!("no workload needs a restart for revision {}", s.revision),
+        ),
+        RolloutPhase::Canary => (
+            ConditionStatus::False,
+            "Canary",
+            format!(
+                "revision {} is in canary: {} canary workload(s) restarting, {} done; every other pod keeps revision {} until the canary is healthy or `kubectl splice rollout promote`{}",
+                s.canary_revision.as_deref().unwrap_or(&s.revision),
+                s.restarting,
+                s.done,
+                s.stable
+                    .as_ref()
+                    .map_or("(none)", |st| st.template_hash.as_str()),
+                manual_note(s.manual)
+            ),
         ),
         RolloutPhase::Complete => (
             ConditionStatus::True,

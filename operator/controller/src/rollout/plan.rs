@@ -132,6 +132,8 @@ pub struct PodNeeding<'a> {
     pub labels: &'a BTreeMap<String, String>,
     pub owner: PodOwner,
     pub need: PodNeed,
+    /// The policy's open canary selects it (its namespace's labels and its own).
+    pub in_canary: bool,
 }
 
 /// The rollout settings of one policy, as the planner uses them.
@@ -161,6 +163,10 @@ pub struct PolicyInput<'a> {
     pub resumed_at: Option<Timestamp>,
     /// The policy's pods that are outdated or missed, in the namespaces it selects.
     pub pods: Vec<PodNeeding<'a>>,
+    /// A canary is open: only workloads of canary pods restart, until it is promoted.
+    pub canary: bool,
+    /// `kubectl splice rollout promote` asked to promote this canary now.
+    pub promote_requested: bool,
 }
 
 /// Why a workload that needs a restart is not restarted now.
@@ -174,6 +180,8 @@ pub enum Wait {
     NamespaceBudget,
     ClusterBudget,
     Halted,
+    /// Outside the open canary: waits for its promotion.
+    Canary,
 }
 
 /// Where one workload stands for a policy's revision.
@@ -196,6 +204,9 @@ pub struct Plan {
     pub waiting: Vec<(WorkloadRef, Wait)>,
     /// The workload that timed out first, when the rollout halts now for the first time.
     pub newly_failed: Option<WorkloadRef>,
+    /// The open canary is promoted now: every canary workload is fully available on the new
+    /// revision, or a promotion was requested.
+    pub promote: bool,
     pub status: RolloutStatus,
 }
 
@@ -231,16 +242,16 @@ pub fn plan(
     let mut standings = Vec::with_capacity(policies.len());
     let mut in_flight = 0usize;
     for p in policies {
-        let (standing, manual) = stand(p, &workloads, &by_namespace, now);
+        let (standing, manual, canary) = stand(p, &workloads, &by_namespace, now);
         in_flight += standing
             .values()
             .filter(|s| **s == Standing::Restarting)
             .count();
-        standings.push((standing, manual));
+        standings.push((standing, manual, canary));
     }
     let mut chosen: HashSet<usize> = HashSet::new();
     let mut out = Vec::with_capacity(policies.len());
-    for (p, (standing, manual)) in policies.iter().zip(standings) {
+    for (p, (standing, manual, canary_workloads)) in policies.iter().zip(standings) {
         let mut status = RolloutStatus {
             revision: p.revision.to_owned(),
             manual,
@@ -275,9 +286,11 @@ pub fn plan(
             let in_namespace = per_namespace.get(w.id.namespace.as_str()).copied();
             let wait = if halted {
                 Some(Wait::Halted)
+            } else if p.canary && !canary_workloads.contains(&i) {
+                Some(Wait::Canary)
             } else if w.paused {
                 Some(Wait::Paused)
-            } else if !w.settled || chosen.contains(&i) {
+            } else if (!w.settled && !rolling_for_us(w, p.policy)) || chosen.contains(&i) {
                 Some(Wait::NotSettled)
             } else if w.disruption_blocked {
                 Some(Wait::DisruptionBudget)
@@ -304,8 +317,19 @@ pub fn plan(
         let moved = restart.len() as i64;
         status.outdated -= moved;
         status.restarting += moved;
+        // The gate: while a canary is open, every workload restarted for this revision is a
+        // canary's. It opens when none is left to restart or restarting, none failed, and at
+        // least one is fully available on the new revision: no evidence, no promotion.
+        let canary_left = standing
+            .iter()
+            .any(|(i, s)| *s == Standing::Needs && canary_workloads.contains(i));
+        let promote = p.canary
+            && !halted
+            && (p.promote_requested || (!canary_left && status.restarting == 0 && status.done > 0));
         status.phase = if halted {
             RolloutPhase::Halted
+        } else if p.canary && !promote {
+            RolloutPhase::Canary
         } else if status.restarting > 0 || status.outdated > 0 {
             RolloutPhase::Rolling
         } else if status.done > 0 {
@@ -336,10 +360,20 @@ pub fn plan(
             restart,
             waiting,
             newly_failed,
+            promote,
             status,
         });
     }
     out
+}
+
+/// Still rolling from this policy's restart for an earlier revision (a halted one, say): the new
+/// revision replaces that restart rather than waiting for a rollout that may never finish.
+fn rolling_for_us(w: &Workload, policy: &str) -> bool {
+    w.restarted_for
+        .as_deref()
+        .and_then(|r| r.split_once('@'))
+        .is_some_and(|(p, _)| p == policy)
 }
 
 /// Each workload's standing for the policy (ordered, so plans are deterministic), and the pods
@@ -349,7 +383,7 @@ fn stand(
     workloads: &[&Workload],
     by_namespace: &HashMap<&str, Vec<usize>>,
     now: Timestamp,
-) -> (BTreeMap<usize, Standing>, i64) {
+) -> (BTreeMap<usize, Standing>, i64, HashSet<usize>) {
     let mine = restarted_for(p.policy, p.revision);
     let mut standing: BTreeMap<usize, Standing> = BTreeMap::new();
     // Every workload restarted for this revision, needing it or not any more.
@@ -381,6 +415,7 @@ fn stand(
         standing.insert(i, s);
     }
     let mut manual = 0;
+    let mut canary = HashSet::new();
     for pod in &p.pods {
         if pod.need == PodNeed::Missed && !p.limits.repair_missed {
             continue;
@@ -397,11 +432,14 @@ fn stand(
         match owner {
             Some(i) => {
                 standing.entry(i).or_insert(Standing::Needs);
+                if pod.in_canary {
+                    canary.insert(i);
+                }
             }
             None => manual += 1,
         }
     }
-    (standing, manual)
+    (standing, manual, canary)
 }
 
 #[cfg(test)]
@@ -483,6 +521,7 @@ mod tests {
                     labels: l,
                     owner: *owner,
                     need: *need,
+                    in_canary: ns.starts_with("canary"),
                 })
                 .collect()
         }
@@ -498,6 +537,8 @@ mod tests {
             held: false,
             resumed_at: None,
             pods: pods.needing(),
+            canary: false,
+            promote_requested: false,
         }
     }
 
@@ -611,6 +652,8 @@ mod tests {
             held: false,
             resumed_at: None,
             pods: other_pods.needing(),
+            canary: false,
+            promote_requested: false,
         };
         let plans = plan(
             &[input(&pods, limits(5, 5)), other],
@@ -901,5 +944,106 @@ mod tests {
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_duration("m"), None);
         assert_eq!(parse_duration("5x"), None);
+    }
+
+    fn canary_input(pods: &Pods) -> PolicyInput<'_> {
+        PolicyInput {
+            canary: true,
+            ..input(pods, limits(5, 1))
+        }
+    }
+
+    #[test]
+    fn while_a_canary_is_open_only_canary_workloads_restart_and_the_rest_wait_for_it() {
+        let workloads = [
+            deployment("canary-a", "w1"),
+            deployment("canary-a", "w2"),
+            deployment("prod", "w3"),
+        ];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let p = one(canary_input(&pods), &workloads, 10);
+        assert_eq!(p.restart, vec![workloads[0].id.clone()]);
+        assert!(p.waiting.contains(&(workloads[2].id.clone(), Wait::Canary)));
+        assert!(
+            p.waiting
+                .contains(&(workloads[1].id.clone(), Wait::NamespaceBudget))
+        );
+        assert_eq!(p.status.phase, RolloutPhase::Canary);
+        assert!(!p.promote);
+    }
+
+    #[test]
+    fn the_canary_is_promoted_once_every_canary_workload_is_available_on_the_new_revision() {
+        let workloads = [
+            restarted(deployment("canary-a", "w1"), "r2", NOW - 30, true),
+            deployment("prod", "w3"),
+        ];
+        let pods = Pods::of(&workloads[1..], PodNeed::Outdated);
+        let p = one(canary_input(&pods), &workloads, 10);
+        assert!(p.promote);
+        assert!(
+            p.restart.is_empty(),
+            "the rest waits for the promotion to be written"
+        );
+        assert_eq!(p.status.phase, RolloutPhase::Rolling);
+
+        let still = [
+            restarted(deployment("canary-a", "w1"), "r2", NOW - 30, false),
+            deployment("prod", "w3"),
+        ];
+        let p = one(canary_input(&pods), &still, 10);
+        assert!(
+            !p.promote,
+            "a canary workload still restarting holds the gate"
+        );
+        assert_eq!(p.status.phase, RolloutPhase::Canary);
+    }
+
+    #[test]
+    fn a_canary_workload_that_times_out_halts_the_rollout_and_nothing_outside_restarts() {
+        let workloads = [
+            restarted(deployment("canary-a", "w1"), "r2", NOW - 400, false),
+            deployment("prod", "w3"),
+        ];
+        let pods = Pods::of(&workloads[1..], PodNeed::Outdated);
+        let p = one(canary_input(&pods), &workloads, 10);
+        assert!(!p.promote);
+        assert!(p.restart.is_empty());
+        assert_eq!(p.status.phase, RolloutPhase::Halted);
+        assert_eq!(p.newly_failed, Some(workloads[0].id.clone()));
+    }
+
+    #[test]
+    fn a_canary_with_no_workload_waits_for_a_requested_promotion() {
+        let workloads = [deployment("prod", "w3")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let p = one(canary_input(&pods), &workloads, 10);
+        assert!(!p.promote, "no canary workload: no evidence, no promotion");
+        assert_eq!(p.status.phase, RolloutPhase::Canary);
+        let requested = PolicyInput {
+            promote_requested: true,
+            ..canary_input(&pods)
+        };
+        assert!(one(requested, &workloads, 10).promote);
+    }
+
+    #[test]
+    fn a_workload_stuck_on_this_policys_earlier_revision_is_restarted_for_the_new_one() {
+        let stuck = restarted(deployment("a", "w1"), "r1", NOW - 600, false);
+        let other = {
+            let mut w = deployment("b", "w2");
+            w.restarted_for = Some(restarted_for("other", "x"));
+            w.settled = false;
+            w
+        };
+        let workloads = [stuck, other];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let p = one(input(&pods, limits(5, 5)), &workloads, 10);
+        assert_eq!(p.restart, vec![workloads[0].id.clone()]);
+        assert!(
+            p.waiting
+                .contains(&(workloads[1].id.clone(), Wait::NotSettled)),
+            "another policy's rollout is not ours to replace"
+        );
     }
 }

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::InjectionPolicy;
+use splice_engine::entry::canary_key;
 use splice_engine::{CompiledPolicy, NamespaceContext, SourceKind, SourceRef};
 use splice_server::admin::Readiness;
 use splice_server::store::{NamespaceStore, PolicyStore};
@@ -50,22 +51,9 @@ pub(super) async fn feed_policy_store(
             },
             Ok(()) = data_changed.changed() => {
                 let mut any = false;
-                for (name, p) in &reading {
-                    let current = store.get(name);
-                    let (_, entry) = serve(p, current.clone(), &values);
-                    let same = match (&current, &entry) {
-                        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                        (None, None) => true,
-                        _ => false,
-                    };
-                    if same {
-                        continue;
-                    }
-                    any = true;
-                    match entry {
-                        Some(c) => store.insert(name.clone(), c),
-                        None => store.remove(name),
-                    };
+                for p in reading.values() {
+                    let (_, served) = serve(p, &store, &values);
+                    any |= put(&store, p, served);
                 }
                 if any {
                     bump(&changed);
@@ -83,13 +71,11 @@ pub(super) async fn feed_policy_store(
                 for p in listing.drain(..) {
                     let name = p.name_any();
                     remember(&mut reading, &p);
-                    let (key, entry) = match compiled.get(&name) {
-                        Some(key) if key.still(&p) => (key.clone(), store.get(&name)),
-                        _ => serve(&p, store.get(&name), &values),
+                    let (key, served) = match compiled.get(&name) {
+                        Some(key) if key.still(&p) => (key.clone(), Served::kept(&store, &p)),
+                        _ => serve(&p, &store, &values),
                     };
-                    if let Some(entry) = entry {
-                        entries.push((name.clone(), entry));
-                    }
+                    entries.extend(served.entries(&p));
                     keys.insert(name, key);
                 }
                 store.replace_all(entries);
@@ -103,15 +89,8 @@ pub(super) async fn feed_policy_store(
                 if compiled.get(&name).is_some_and(|key| key.still(&p)) {
                     continue;
                 }
-                let (key, entry) = serve(&p, store.get(&name), &values);
-                match entry {
-                    Some(c) => {
-                        store.insert(name.clone(), c);
-                    }
-                    None => {
-                        store.remove(&name);
-                    }
-                }
+                let (key, served) = serve(&p, &store, &values);
+                put(&store, &p, served);
                 compiled.insert(name, key);
                 bump(&changed);
             }
@@ -119,6 +98,7 @@ pub(super) async fn feed_policy_store(
                 let name = p.name_any();
                 reading.remove(&name);
                 store.remove(&name);
+                store.remove(&canary_key(&name));
                 compiled.remove(&name);
                 bump(&changed);
             }
@@ -136,6 +116,8 @@ struct CompileKey {
     generation: Option<i64>,
     /// `None` when the current generation compiled.
     kept: Option<Option<i64>>,
+    /// The promoted revision's template hash, which decides whether a canary is open.
+    stable: Option<String>,
 }
 
 impl CompileKey {
@@ -145,6 +127,7 @@ impl CompileKey {
             && self.kept.is_none_or(|kept| {
                 kept == policy.status.as_ref().and_then(|s| s.serving_generation)
             })
+            && self.stable.as_deref() == serving::stable(policy).map(|s| s.template_hash.as_str())
     }
 }
 
@@ -168,13 +151,88 @@ fn reads_kept_values(policy: &InjectionPolicy) -> bool {
         .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
 }
 
-/// The entry to serve for `policy`, given the one this replica serves now.
+/// What one policy serves: the revision in force, and, while its canary is open, the promoted
+/// revision for the pods outside it. The store keeps the first under the canary key when the
+/// policy has a canary, and what pods outside the canary get under the policy's name
+/// ([`splice_engine::entry::canary_key`]).
+struct Served {
+    current: Option<Arc<CompiledPolicy>>,
+    /// `Some` while a canary is open.
+    stable: Option<Arc<CompiledPolicy>>,
+}
+
+impl Served {
+    /// What the store holds for `policy` now.
+    fn kept(store: &PolicyStore, policy: &InjectionPolicy) -> Served {
+        let name = policy.name_any();
+        match store.get(&canary_key(&name)) {
+            Some(current) => {
+                let outside = store.get(&name);
+                let open = outside.as_ref().is_some_and(|o| !Arc::ptr_eq(o, &current));
+                Served {
+                    current: Some(current),
+                    stable: outside.filter(|_| open),
+                }
+            }
+            None => Served {
+                current: store.get(&name),
+                stable: None,
+            },
+        }
+    }
+
+    /// The store's entries for `policy`: (key, compiled).
+    fn entries(self, policy: &InjectionPolicy) -> Vec<(String, Arc<CompiledPolicy>)> {
+        let name = policy.name_any();
+        let has_canary = policy
+            .spec
+            .rollout
+            .as_ref()
+            .is_some_and(|r| r.canary.is_some());
+        let mut out = Vec::with_capacity(2);
+        if let Some(current) = self.current {
+            if has_canary {
+                out.push((canary_key(&name), Arc::clone(&current)));
+            }
+            out.push((name, self.stable.unwrap_or(current)));
+        }
+        out
+    }
+}
+
+/// Writes `served` into the store; true when an entry changed.
+fn put(store: &PolicyStore, policy: &InjectionPolicy, served: Served) -> bool {
+    let name = policy.name_any();
+    let entries = served.entries(policy);
+    let mut changed = false;
+    for key in [canary_key(&name), name] {
+        let now = store.get(&key);
+        let next = entries.iter().find(|(k, _)| *k == key).map(|(_, c)| c);
+        let same = match (&now, next) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            continue;
+        }
+        changed = true;
+        match next {
+            Some(c) => store.insert(key, Arc::clone(c)),
+            None => store.remove(&key),
+        };
+    }
+    changed
+}
+
+/// What to serve for `policy`, given what this replica serves now.
 fn serve(
     policy: &InjectionPolicy,
-    serving: Option<Arc<CompiledPolicy>>,
+    store: &PolicyStore,
     values: &ValuesCache,
-) -> (CompileKey, Option<Arc<CompiledPolicy>>) {
+) -> (CompileKey, Served) {
     let name = policy.name_any();
+    let now = Served::kept(store, policy);
     let in_force = serving::in_force(policy);
     let kept = match &in_force {
         serving::InForce::Current(_) => None,
@@ -184,23 +242,38 @@ fn serve(
         uid: policy.metadata.uid.clone(),
         generation: policy.metadata.generation,
         kept,
+        stable: serving::stable(policy).map(|s| s.template_hash.clone()),
     };
     if let Some(error) = in_force.error() {
         tracing::warn!(policy = %name, generation = policy.metadata.generation, error = %error, "policy does not compile; serving the last generation that did, if any");
     }
-    let entry = match in_force.into_compiled() {
-        Some(c) if !c.spec().values_from.is_empty() => with_data(c, serving, values),
+    let current = match in_force.into_compiled() {
+        Some(c) if !c.spec().values_from.is_empty() => with_data(c, now.current.clone(), values),
         Some(c) => Some(Arc::new(c)),
         // The status may not record the last good generation yet (the leader writes it after
         // this replica compiled it): keep serving what this replica already had of this policy.
-        None => serving.filter(|s| {
+        None => now.current.clone().filter(|s| {
             policy
                 .metadata
                 .generation
                 .is_some_and(|g| s.generation() < g)
         }),
     };
-    (key, entry)
+    let stable = current
+        .as_ref()
+        .and_then(|c| serving::compile_stable(policy, c.template_hash()))
+        .and_then(|s| {
+            if !s.spec().values_from.is_empty() {
+                return with_data(s, now.stable.clone(), values);
+            }
+            match &now.stable {
+                Some(kept) if kept.generation() == s.generation() && kept.spec() == s.spec() => {
+                    Some(Arc::clone(kept))
+                }
+                _ => Some(Arc::new(s)),
+            }
+        });
+    (key, Served { current, stable })
 }
 
 /// `compiled` (checked without its data) compiled again with the data it reads; while that data
