@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build install deps deps-demo image image-test image-load controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission
+.PHONY: all build install deps deps-demo image image-test image-load controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission bench-rollout
 
 all: build
 
@@ -91,6 +91,10 @@ bench-webhook: controlplane
 ## The controller at scale (1,000 policies, 10,000 pods on kwok nodes) on a control plane of its own.
 bench-controller: controlplane
 	e2e/bench/controller.sh
+
+## spec.rollout at scale: 1,000 outdated Deployments on kwok nodes, on a control plane of its own.
+bench-rollout: controlplane
+	e2e/bench/rollout.sh
 
 ## What a pod create pays for mutating admission, through the API server: nothing, Splice, agnhost
 ## and an in-tree MutatingAdmissionPolicy side by side, on a control plane of its own.

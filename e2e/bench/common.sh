@@ -24,3 +24,13 @@ wait_splice_ready() {
   echo "bench: splice run did not become ready; see $2" >&2
   return 1
 }
+
+# The EXIT trap of a benchmark that runs one `splice run` (its pid in $splice_pid, empty until it
+# starts): stops it, then the control plane.
+stop_splice_and_control_plane() {
+  if [ -n "${splice_pid:-}" ] && kill -0 "$splice_pid" 2>/dev/null; then
+    kill -TERM "$splice_pid" 2>/dev/null || true
+    wait "$splice_pid" 2>/dev/null || true
+  fi
+  "$cp_dir/down.sh" >/dev/null 2>&1 || true
+}

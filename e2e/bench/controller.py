@@ -98,6 +98,27 @@ def writes(api):
     return counts
 
 
+class Table:
+    """A benchmark's markdown table: each row printed to stderr as it comes, then the table."""
+
+    def __init__(self):
+        self.rows = []
+
+    def add(self, row):
+        self.rows.append(row)
+        print("bench: " + " | ".join(row), file=sys.stderr, flush=True)
+
+    def write(self, out=None, preface=()):
+        """Prints the table (after the `preface` lines) and writes it to `out` too, if given."""
+        lines = list(preface) + ["| measurement | result | goal |", "|---|---|---|"]
+        lines += [f"| {m} | {r} | {g} |" for m, r, g in self.rows]
+        text = "\n".join(lines) + "\n"
+        print(text)
+        if out:
+            with open(out, "w") as f:
+                f.write(text)
+
+
 def splice_writes(before, after):
     return {k: after.get(k, 0) - before.get(k, 0) for k in SPLICE_WRITES}
 
@@ -230,11 +251,8 @@ def main():
     api = Api(a.kubeconfig)
     pool = cf.ThreadPoolExecutor(a.threads)
     pods_ns = "bench-pods"
-    rows = []
-
-    def add(row):
-        rows.append(row)
-        print("bench: " + " | ".join(row), file=sys.stderr, flush=True)
+    table = Table()
+    add = table.add
 
     def log(msg):
         print(f"bench: {msg}", file=sys.stderr, flush=True)
@@ -386,13 +404,7 @@ def main():
     if a.splice_bin and a.rotation:
         add(ca_rotation(api, a, pods_ns, log))
 
-    out = ["| measurement | result | goal |", "|---|---|---|"]
-    out += [f"| {m} | {r} | {g} |" for m, r, g in rows]
-    text = "\n".join(out) + "\n"
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    table.write(a.out)
 
 
 def intree_rows(api, a, pool, list_policies, add, log):

@@ -40,14 +40,7 @@ kubectl="$("$cp_dir/build.sh" --print-bin-dir)/kubectl"
 source "$repo/e2e/bench/common.sh"
 
 splice_pid=""
-cleanup() {
-  if [ -n "$splice_pid" ] && kill -0 "$splice_pid" 2>/dev/null; then
-    kill -TERM "$splice_pid" 2>/dev/null || true
-    wait "$splice_pid" 2>/dev/null || true
-  fi
-  "$cp_dir/down.sh" >/dev/null 2>&1 || true
-}
-trap cleanup EXIT
+trap stop_splice_and_control_plane EXIT
 
 bench_control_plane
 

@@ -5,22 +5,27 @@
 //! in `splice_e2e` without changing that crate's root. Each test binary uses a different subset.
 #![allow(dead_code)]
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use splice_crds::InjectionPolicy;
+use splice_crds::{InjectionPolicy, RolloutPhase, RolloutStatus};
 use splice_e2e::{
-    ChildGuard, PortWait, TestNamespace, free_port, repo_root, unique_suffix, wait_dry_run,
-    wait_for_child_port, wait_until,
+    ChildGuard, NODE_LABEL, PortWait, TestNamespace, free_port, repo_root, unique_suffix,
+    wait_dry_run, wait_for_child_port, wait_until,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -654,4 +659,397 @@ pub async fn lease_holder(
         .get_opt("splice-leader")
         .await?
         .and_then(|l| l.spec?.holder_identity))
+}
+
+// The rollout tests' Deployments (tests/rollout.rs, tests/rollout_repair.rs): the test
+// application on the real node, and what a watch of them sees.
+
+/// The test application's image, imported into the real node.
+pub const TESTAPP: &str = "splice-testapp:e2e";
+/// The pod-template annotation a rollout restart writes: `<policy>@<revision>`.
+pub const RESTARTED_FOR: &str = "splice.dev/restartedFor";
+/// The container [`rollout_policy`] injects.
+pub const ROLLOUT_SIDECAR: &str = "rollout-sidecar";
+
+/// A policy injecting one sidecar (`args`, with `REV` in its env) into namespaces labelled
+/// `<instance>=on`, with a rollout.
+pub fn rollout_policy(
+    instance: &str,
+    mode: &str,
+    rev: &str,
+    args: &[&str],
+    rollout: Value,
+) -> Value {
+    json!({
+        "mode": mode,
+        "namespaceSelector": {"matchLabels": {instance: "on"}},
+        "template": {"containers": [{
+            "name": ROLLOUT_SIDECAR,
+            "image": TESTAPP,
+            "imagePullPolicy": "Never",
+            "args": args,
+            "env": [{"name": "REV", "value": rev}],
+        }]},
+        "rollout": rollout,
+    })
+}
+
+/// A one-replica Deployment of the test application on the real node.
+pub fn deployment(name: &str, instance: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"e2e-rollout": instance}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": {NODE_LABEL: "real"},
+                    "tolerations": [{"key": NODE_LABEL, "operator": "Equal", "value": "real", "effect": "NoSchedule"}],
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [{
+                        "name": "app",
+                        "image": TESTAPP,
+                        "imagePullPolicy": "Never",
+                        "args": ["sleep"],
+                    }],
+                },
+            },
+        },
+    })
+}
+
+/// What `kubectl rollout status` waits for (and the rollout's planner too).
+pub fn settled(d: &Deployment) -> bool {
+    let (Some(spec), Some(status)) = (d.spec.as_ref(), d.status.as_ref()) else {
+        return false;
+    };
+    let desired = spec.replicas.unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+        && updated >= desired
+        && status.replicas.unwrap_or(0) <= updated
+        && status.available_replicas.unwrap_or(0) >= desired
+}
+
+pub fn restarted_for(d: &Deployment) -> Option<&str> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(RESTARTED_FOR)
+        .map(String::as_str)
+}
+
+/// Creates `count` Deployments ([`deployment`]) in each namespace and waits until every one is
+/// available with its pod injected by `policy` at `hash` (`None`: not injected by it).
+pub async fn deploy(
+    client: &Client,
+    namespaces: &[TestNamespace],
+    count: usize,
+    instance: &str,
+    policy: &str,
+    hash: Option<&str>,
+) -> Result<()> {
+    for ns in namespaces {
+        let api: Api<Deployment> = ns.api();
+        for i in 0..count {
+            let name = format!("app-{i}");
+            api.patch(
+                &name,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&deployment(&name, instance)),
+            )
+            .await?;
+        }
+    }
+    wait_until(
+        Duration::from_secs(180),
+        &format!("every Deployment available with its pod injected at {hash:?}"),
+        || async {
+            for ns in namespaces {
+                let ds = ns.api::<Deployment>().list(&ListParams::default()).await?;
+                if ds.items.len() != count || !ds.items.iter().all(settled) {
+                    return Ok(false);
+                }
+            }
+            all_at(client, namespaces, count, policy, hash).await
+        },
+    )
+    .await
+}
+
+/// True when the namespaces hold exactly `per_namespace` pods each, every one carrying the
+/// policy's injection at `hash` (terminating pods count, so the old ones must be gone).
+pub async fn all_current(
+    client: &Client,
+    namespaces: &[TestNamespace],
+    per_namespace: usize,
+    policy: &str,
+    hash: &str,
+) -> Result<bool> {
+    all_at(client, namespaces, per_namespace, policy, Some(hash)).await
+}
+
+/// Like [`all_current`], with `None` for pods the policy did not inject at all.
+pub async fn all_at(
+    client: &Client,
+    namespaces: &[TestNamespace],
+    per_namespace: usize,
+    policy: &str,
+    hash: Option<&str>,
+) -> Result<bool> {
+    for ns in namespaces {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+        let list = pods.list(&ListParams::default()).await?;
+        if list.items.len() != per_namespace {
+            return Ok(false);
+        }
+        for p in &list.items {
+            let status = p
+                .annotations()
+                .get("splice.dev/status")
+                .and_then(|s| serde_json::from_str::<Value>(s).ok());
+            let got = status
+                .as_ref()
+                .and_then(|s| s.get(policy))
+                .and_then(|e| e.get("hash"))
+                .and_then(Value::as_str);
+            if got != hash {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+pub async fn template_hash(api: &Api<InjectionPolicy>, name: &str) -> Result<Option<String>> {
+    Ok(api.get(name).await?.status.and_then(|s| s.template_hash))
+}
+
+/// Waits until the policy's `status.rollout` is at `revision` in `phase` and `done(status)`.
+pub async fn wait_rollout(
+    api: &Api<InjectionPolicy>,
+    name: &str,
+    revision: &str,
+    phase: RolloutPhase,
+    timeout: Duration,
+    done: impl Fn(&RolloutStatus) -> bool,
+) -> Result<RolloutStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = api.get(name).await?.status.and_then(|s| s.rollout);
+        if let Some(s) = &s
+            && s.revision == revision
+            && s.phase == phase
+            && done(s)
+        {
+            return Ok(s.clone());
+        }
+        if Instant::now() > deadline {
+            bail!("the rollout of {revision} did not reach {phase:?} within {timeout:?}: {s:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+pub async fn ensure_rolled_out(
+    api: &Api<InjectionPolicy>,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> Result<()> {
+    let p = api.get(name).await?;
+    let rolled = condition(&p, "RolledOut").context("no RolledOut condition")?;
+    ensure!(
+        rolled.status == status && rolled.reason == reason,
+        "RolledOut is {} {}, expected {status} {reason}",
+        rolled.status,
+        rolled.reason
+    );
+    Ok(())
+}
+
+/// What a watch of the test's Deployments saw during a rollout of `mine`.
+#[derive(Default)]
+pub struct Observed {
+    /// Most Deployments restarted for `mine` and not settled at any one time.
+    pub max_restarting: usize,
+    /// Fewest available replicas any Deployment had (they all want 1, maxUnavailable 0).
+    pub min_available: Option<i32>,
+    /// Deployments seen restarted for `mine`.
+    pub restarted: usize,
+}
+
+/// Watches every Deployment labelled `e2e-rollout=<instance>` until dropped.
+pub fn watch_deployments(
+    client: &Client,
+    instance: &str,
+    mine: String,
+) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Observed::default()));
+    let api: Api<Deployment> = Api::all(client.clone());
+    let config = watcher::Config::default().labels(&format!("e2e-rollout={instance}"));
+    let out = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        let mut state: HashMap<(String, String), Deployment> = HashMap::new();
+        let mut events = std::pin::pin!(watcher(api, config));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
+                    state.insert((d.namespace().unwrap_or_default(), d.name_any()), d);
+                }
+                Ok(watcher::Event::Delete(d)) => {
+                    state.remove(&(d.namespace().unwrap_or_default(), d.name_any()));
+                }
+                _ => continue,
+            }
+            let restarting = state
+                .values()
+                .filter(|d| restarted_for(d) == Some(&mine) && !settled(d))
+                .count();
+            let restarted = state
+                .values()
+                .filter(|d| restarted_for(d) == Some(&mine))
+                .count();
+            let available = state
+                .values()
+                .map(|d| {
+                    d.status
+                        .as_ref()
+                        .and_then(|s| s.available_replicas)
+                        .unwrap_or(0)
+                })
+                .min();
+            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
+            o.max_restarting = o.max_restarting.max(restarting);
+            o.restarted = restarted;
+            if let Some(a) = available {
+                o.min_available = Some(o.min_available.map_or(a, |m| m.min(a)));
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Each Deployment's `deployment.kubernetes.io/revision`: 1 + the times its template changed.
+pub async fn revisions(namespaces: &[TestNamespace]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for ns in namespaces {
+        for d in ns
+            .api::<Deployment>()
+            .list(&ListParams::default())
+            .await?
+            .items
+        {
+            let rev = d
+                .annotations()
+                .get("deployment.kubernetes.io/revision")
+                .cloned()
+                .unwrap_or_default();
+            out.insert(format!("{}/{}", ns.name, d.name_any()), rev);
+        }
+    }
+    Ok(out)
+}
+
+/// How a rollout the tests waited for ended.
+pub struct Completed {
+    /// From the given start until `status.rollout` was Complete.
+    pub took: Duration,
+    pub status: RolloutStatus,
+    /// What the watch of the Deployments saw meanwhile.
+    pub max_restarting: usize,
+    pub min_available: Option<i32>,
+    pub restarted: usize,
+    /// Each Deployment's revision afterwards ([`revisions`]).
+    pub revisions: BTreeMap<String, String>,
+}
+
+/// Waits until the rollout of `revision` is Complete with every Deployment of the namespaces
+/// done and every pod carrying `revision`, then stops `watch` ([`watch_deployments`]).
+pub async fn wait_complete(
+    client: &Client,
+    namespaces: &[TestNamespace],
+    per_namespace: usize,
+    name: &str,
+    revision: &str,
+    since: Instant,
+    watch: (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>),
+) -> Result<Completed> {
+    let policies: Api<InjectionPolicy> = Api::all(client.clone());
+    let total = per_namespace * namespaces.len();
+    let status = wait_rollout(
+        &policies,
+        name,
+        revision,
+        RolloutPhase::Complete,
+        Duration::from_secs(300),
+        |s| s.done == total as i64,
+    )
+    .await?;
+    let took = since.elapsed();
+    wait_until(
+        Duration::from_secs(90),
+        &format!("every pod current at {revision}"),
+        || all_current(client, namespaces, per_namespace, name, revision),
+    )
+    .await?;
+    let (seen, task) = watch;
+    task.abort();
+    let revisions = revisions(namespaces).await?;
+    let o = seen.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(Completed {
+        took,
+        status,
+        max_restarting: o.max_restarting,
+        min_available: o.min_available,
+        restarted: o.restarted,
+        revisions,
+    })
+}
+
+/// What a completed rollout must show: never more than `budget` Deployments restarting at once,
+/// none below its availability, each restarted exactly once (one revision past `before`), and
+/// `RolledOut` True, reason Complete.
+pub async fn ensure_restarted_once(
+    client: &Client,
+    name: &str,
+    budget: usize,
+    done: &Completed,
+    before: &BTreeMap<String, String>,
+) -> Result<()> {
+    ensure!(
+        done.max_restarting <= budget,
+        "the watch saw {} Deployments restarting at once (budget {budget})",
+        done.max_restarting
+    );
+    ensure!(
+        done.min_available.is_some_and(|a| a >= 1),
+        "a Deployment fell below its availability: {:?}",
+        done.min_available
+    );
+    ensure!(
+        done.revisions.len() == before.len(),
+        "Deployments before {before:?}, after {:?}",
+        done.revisions
+    );
+    for (deployment, rev) in &done.revisions {
+        let was: u32 = before
+            .get(deployment)
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(0);
+        let now: u32 = rev.parse().unwrap_or(0);
+        ensure!(
+            now == was + 1,
+            "{deployment} went from revision {was} to {now}: restarted {} times",
+            now.saturating_sub(was)
+        );
+    }
+    let policies: Api<InjectionPolicy> = Api::all(client.clone());
+    ensure_rolled_out(&policies, name, "True", "Complete").await
 }

@@ -10,26 +10,18 @@
 #[path = "../src/operator.rs"]
 mod operator;
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail, ensure};
-use futures::StreamExt;
+use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt};
 use operator::*;
 use serde_json::{Value, json};
-use splice_crds::{InjectionPolicy, Mode, RolloutPhase, RolloutStatus};
-use splice_e2e::{NODE_LABEL, TestNamespace, real_node, unique_suffix, wait_until};
+use splice_crds::{InjectionPolicy, Mode, RolloutPhase};
+use splice_e2e::{TestNamespace, real_node, unique_suffix, wait_until};
 
-const TESTAPP: &str = "splice-testapp:e2e";
-const SIDECAR: &str = "rollout-sidecar";
-const RESTARTED_FOR: &str = "splice.dev/restartedFor";
 /// Short leases, so the kill of a leader hands over within seconds.
 const LEASE: (u64, u64, u64) = (6, 4, 1);
 
@@ -40,149 +32,6 @@ fn report(line: String) {
     splice_e2e::report("rollout", line);
 }
 
-/// A policy injecting one sidecar (`args`, with `REV` in its env) into namespaces labelled
-/// `<instance>=on`, with a rollout.
-fn policy(instance: &str, mode: &str, rev: &str, args: &[&str], rollout: Value) -> Value {
-    json!({
-        "mode": mode,
-        "namespaceSelector": {"matchLabels": {instance: "on"}},
-        "template": {"containers": [{
-            "name": SIDECAR,
-            "image": TESTAPP,
-            "imagePullPolicy": "Never",
-            "args": args,
-            "env": [{"name": "REV", "value": rev}],
-        }]},
-        "rollout": rollout,
-    })
-}
-
-/// A one-replica Deployment of the test application on the real node.
-fn deployment(name: &str, instance: &str) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"e2e-rollout": instance}},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "nodeSelector": {NODE_LABEL: "real"},
-                    "tolerations": [{"key": NODE_LABEL, "operator": "Equal", "value": "real", "effect": "NoSchedule"}],
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "app",
-                        "image": TESTAPP,
-                        "imagePullPolicy": "Never",
-                        "args": ["sleep"],
-                    }],
-                },
-            },
-        },
-    })
-}
-
-/// What `kubectl rollout status` waits for (and the rollout's planner too).
-fn settled(d: &Deployment) -> bool {
-    let (Some(spec), Some(status)) = (d.spec.as_ref(), d.status.as_ref()) else {
-        return false;
-    };
-    let desired = spec.replicas.unwrap_or(1);
-    let updated = status.updated_replicas.unwrap_or(0);
-    status.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
-        && updated >= desired
-        && status.replicas.unwrap_or(0) <= updated
-        && status.available_replicas.unwrap_or(0) >= desired
-}
-
-fn restarted_for(d: &Deployment) -> Option<&str> {
-    d.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(RESTARTED_FOR)
-        .map(String::as_str)
-}
-
-/// Creates `count` Deployments in each namespace and waits until every one is available with
-/// its pod injected at `hash`.
-async fn deploy(
-    client: &Client,
-    namespaces: &[TestNamespace],
-    count: usize,
-    instance: &str,
-    policy: &str,
-    hash: &str,
-) -> Result<()> {
-    for ns in namespaces {
-        let api: Api<Deployment> = ns.api();
-        for i in 0..count {
-            let name = format!("app-{i}");
-            api.patch(
-                &name,
-                &PatchParams::apply("e2e").force(),
-                &Patch::Apply(&deployment(&name, instance)),
-            )
-            .await?;
-        }
-    }
-    wait_until(
-        Duration::from_secs(180),
-        "every Deployment available with its pod injected",
-        || async {
-            for ns in namespaces {
-                let ds = ns.api::<Deployment>().list(&ListParams::default()).await?;
-                if ds.items.len() != count || !ds.items.iter().all(settled) {
-                    return Ok(false);
-                }
-            }
-            all_current(client, namespaces, count, policy, hash).await
-        },
-    )
-    .await
-}
-
-/// True when the namespaces hold exactly `per_namespace` pods each, every one carrying the
-/// policy's injection at `hash` (terminating pods count, so the old ones must be gone).
-async fn all_current(
-    client: &Client,
-    namespaces: &[TestNamespace],
-    per_namespace: usize,
-    policy: &str,
-    hash: &str,
-) -> Result<bool> {
-    for ns in namespaces {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-        let list = pods.list(&ListParams::default()).await?;
-        if list.items.len() != per_namespace {
-            return Ok(false);
-        }
-        for p in &list.items {
-            let status = p
-                .annotations()
-                .get("splice.dev/status")
-                .and_then(|s| serde_json::from_str::<Value>(s).ok());
-            let got = status
-                .as_ref()
-                .and_then(|s| s.get(policy))
-                .and_then(|e| e.get("hash"))
-                .and_then(Value::as_str);
-            if got != Some(hash) {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
-}
-
-async fn template_hash(api: &Api<InjectionPolicy>, name: &str) -> Result<Option<String>> {
-    Ok(api.get(name).await?.status.and_then(|s| s.template_hash))
-}
-
 /// Waits until the policy's status names a template hash other than `before`; returns it.
 async fn new_hash(api: &Api<InjectionPolicy>, name: &str, before: &str) -> Result<String> {
     wait_until(Duration::from_secs(60), "a new template hash", || async {
@@ -190,132 +39,6 @@ async fn new_hash(api: &Api<InjectionPolicy>, name: &str, before: &str) -> Resul
     })
     .await?;
     template_hash(api, name).await?.context("no template hash")
-}
-
-/// Waits until the policy's `status.rollout` is at `revision` in `phase` and `done(status)`.
-async fn wait_rollout(
-    api: &Api<InjectionPolicy>,
-    name: &str,
-    revision: &str,
-    phase: RolloutPhase,
-    timeout: Duration,
-    done: impl Fn(&RolloutStatus) -> bool,
-) -> Result<RolloutStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let s = api.get(name).await?.status.and_then(|s| s.rollout);
-        if let Some(s) = &s
-            && s.revision == revision
-            && s.phase == phase
-            && done(s)
-        {
-            return Ok(s.clone());
-        }
-        if Instant::now() > deadline {
-            bail!("the rollout of {revision} did not reach {phase:?} within {timeout:?}: {s:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-async fn ensure_rolled_out(
-    api: &Api<InjectionPolicy>,
-    name: &str,
-    status: &str,
-    reason: &str,
-) -> Result<()> {
-    let p = api.get(name).await?;
-    let rolled = condition(&p, "RolledOut").context("no RolledOut condition")?;
-    ensure!(
-        rolled.status == status && rolled.reason == reason,
-        "RolledOut is {} {}, expected {status} {reason}",
-        rolled.status,
-        rolled.reason
-    );
-    Ok(())
-}
-
-/// What a watch of the test's Deployments saw during a rollout of `mine`.
-#[derive(Default)]
-struct Observed {
-    /// Most Deployments restarted for `mine` and not settled at any one time.
-    max_restarting: usize,
-    /// Fewest available replicas any Deployment had (they all want 1, maxUnavailable 0).
-    min_available: Option<i32>,
-    /// Deployments seen restarted for `mine`.
-    restarted: usize,
-}
-
-/// Watches every Deployment labelled `e2e-rollout=<instance>` until dropped.
-fn watch_deployments(
-    client: &Client,
-    instance: &str,
-    mine: String,
-) -> (Arc<Mutex<Observed>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(Observed::default()));
-    let api: Api<Deployment> = Api::all(client.clone());
-    let config = watcher::Config::default().labels(&format!("e2e-rollout={instance}"));
-    let out = Arc::clone(&seen);
-    let task = tokio::spawn(async move {
-        let mut state: HashMap<(String, String), Deployment> = HashMap::new();
-        let mut events = std::pin::pin!(watcher(api, config));
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
-                    state.insert((d.namespace().unwrap_or_default(), d.name_any()), d);
-                }
-                Ok(watcher::Event::Delete(d)) => {
-                    state.remove(&(d.namespace().unwrap_or_default(), d.name_any()));
-                }
-                _ => continue,
-            }
-            let restarting = state
-                .values()
-                .filter(|d| restarted_for(d) == Some(&mine) && !settled(d))
-                .count();
-            let restarted = state
-                .values()
-                .filter(|d| restarted_for(d) == Some(&mine))
-                .count();
-            let available = state
-                .values()
-                .map(|d| {
-                    d.status
-                        .as_ref()
-                        .and_then(|s| s.available_replicas)
-                        .unwrap_or(0)
-                })
-                .min();
-            let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
-            o.max_restarting = o.max_restarting.max(restarting);
-            o.restarted = restarted;
-            if let Some(a) = available {
-                o.min_available = Some(o.min_available.map_or(a, |m| m.min(a)));
-            }
-        }
-    });
-    (seen, task)
-}
-
-/// Each Deployment's `deployment.kubernetes.io/revision`: 1 + the times its template changed.
-async fn revisions(namespaces: &[TestNamespace]) -> Result<BTreeMap<String, String>> {
-    let mut out = BTreeMap::new();
-    for ns in namespaces {
-        for d in ns
-            .api::<Deployment>()
-            .list(&ListParams::default())
-            .await?
-            .items
-        {
-            let rev = d
-                .annotations()
-                .get("deployment.kubernetes.io/revision")
-                .cloned()
-                .unwrap_or_default();
-            out.insert(format!("{}/{}", ns.name, d.name_any()), rev);
-        }
-    }
-    Ok(out)
 }
 
 #[tokio::test]
@@ -354,7 +77,7 @@ async fn a_template_change_restarts_every_outdated_deployment_once_under_the_bud
         &client,
         &instance,
         &name,
-        policy(&instance, "InTree", "v1", &["sleep"], rollout.clone()),
+        rollout_policy(&instance, "InTree", "v1", &["sleep"], rollout.clone()),
     )
     .await?;
     wait_policy(&client, &name, "True", Duration::from_secs(60)).await?;
@@ -365,12 +88,20 @@ async fn a_template_change_restarts_every_outdated_deployment_once_under_the_bud
     let mut namespaces = Vec::new();
     for _ in 0..3 {
         let ns = TestNamespace::create("e2e-rollout", &[(&instance, "on")]).await?;
-        wait_injecting(&client, &ns.name, &[("app", "probe")], SIDECAR).await?;
+        wait_injecting(&client, &ns.name, &[("app", "probe")], ROLLOUT_SIDECAR).await?;
         namespaces.push(ns);
     }
     let per_namespace = 3;
     let started = Instant::now();
-    deploy(&client, &namespaces, per_namespace, &instance, &name, &v1).await?;
+    deploy(
+        &client,
+        &namespaces,
+        per_namespace,
+        &instance,
+        &name,
+        Some(&v1),
+    )
+    .await?;
     report(format!(
         "REPORT rollout healthy: {} Deployments available with v1 in {:.1}s",
         per_namespace * namespaces.len(),
@@ -383,7 +114,7 @@ async fn a_template_change_restarts_every_outdated_deployment_once_under_the_bud
         &client,
         &instance,
         &name,
-        policy(&instance, "InTree", "v2", &["sleep"], rollout),
+        rollout_policy(&instance, "InTree", "v2", &["sleep"], rollout),
     )
     .await?;
     let changed = Instant::now();
@@ -413,53 +144,24 @@ async fn a_template_change_restarts_every_outdated_deployment_once_under_the_bud
     let took_over = killed.elapsed();
 
     let total = per_namespace * namespaces.len();
-    wait_rollout(
-        &policies,
+    let done = wait_complete(
+        &client,
+        &namespaces,
+        per_namespace,
         &name,
         &v2,
-        RolloutPhase::Complete,
-        Duration::from_secs(300),
-        |s| s.done == total as i64,
+        changed,
+        (seen, watch),
     )
     .await?;
-    let complete = changed.elapsed();
-    wait_until(Duration::from_secs(90), "every pod current at v2", || {
-        all_current(&client, &namespaces, per_namespace, &name, &v2)
-    })
-    .await?;
-    watch.abort();
-    let after = revisions(&namespaces).await?;
-    let (max_restarting, min_available) = {
-        let o = seen.lock().unwrap_or_else(|e| e.into_inner());
-        (o.max_restarting, o.min_available)
-    };
     report(format!(
-        "REPORT rollout healthy: {total} Deployments in 3 namespaces, budget 3 (1 per namespace): complete {:.1}s after the change; at most {max_restarting} restarting at once; fewest available replicas of any Deployment {min_available:?}; leader killed after {restarted_at_kill} restarts, taken over in {:.1}s",
-        complete.as_secs_f64(),
+        "REPORT rollout healthy: {total} Deployments in 3 namespaces, budget 3 (1 per namespace): complete {:.1}s after the change; at most {} restarting at once; fewest available replicas of any Deployment {:?}; leader killed after {restarted_at_kill} restarts, taken over in {:.1}s",
+        done.took.as_secs_f64(),
+        done.max_restarting,
+        done.min_available,
         took_over.as_secs_f64(),
     ));
-    ensure!(
-        max_restarting <= 3,
-        "the watch saw {max_restarting} Deployments restarting at once (budget 3)"
-    );
-    ensure!(
-        min_available.is_some_and(|a| a >= 1),
-        "a Deployment fell below its availability: {min_available:?}"
-    );
-    for (deployment, rev) in &after {
-        let was: u32 = before
-            .get(deployment)
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(0);
-        let now: u32 = rev.parse().unwrap_or(0);
-        ensure!(
-            now == was + 1,
-            "{deployment} went from revision {was} to {now}: restarted {} times",
-            now.saturating_sub(was)
-        );
-    }
-    ensure_rolled_out(&policies, &name, "True", "Complete").await?;
-    Ok(())
+    ensure_restarted_once(&client, &name, 3, &done, &before).await
 }
 
 #[tokio::test]
@@ -474,7 +176,7 @@ async fn a_template_whose_sidecar_fails_halts_the_rollout_after_the_first_restar
     setup
         .apply(
             &name,
-            policy(
+            rollout_policy(
                 &setup.instance,
                 "Webhook",
                 "v1",
@@ -489,15 +191,15 @@ async fn a_template_whose_sidecar_fails_halts_the_rollout_after_the_first_restar
         .await?
         .context("no template hash")?;
     let ns = setup.app_namespace().await?;
-    wait_injecting(&client, &ns.name, &[("app", "probe")], SIDECAR).await?;
+    wait_injecting(&client, &ns.name, &[("app", "probe")], ROLLOUT_SIDECAR).await?;
     let namespaces = [ns];
-    deploy(&client, &namespaces, 3, &setup.instance, &name, &v1).await?;
+    deploy(&client, &namespaces, 3, &setup.instance, &name, Some(&v1)).await?;
 
     // v2: the sidecar exits 1, so a restarted Deployment never becomes available.
     setup
         .apply(
             &name,
-            policy(&setup.instance, "Webhook", "v2", &["exit", "1"], rollout),
+            rollout_policy(&setup.instance, "Webhook", "v2", &["exit", "1"], rollout),
         )
         .await?;
     let changed = Instant::now();
@@ -554,8 +256,8 @@ async fn a_template_whose_sidecar_fails_halts_the_rollout_after_the_first_restar
 }
 
 /// The template hash a dry-run pod created in `ns` gets from policy `name`.
-async fn dry_run_hash(client: &Client, ns: &str, name: &str) -> Result<Option<String>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+async fn dry_run_hash(client: &kube::Client, ns: &str, name: &str) -> Result<Option<String>> {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
     let created = pods
         .create(&splice_e2e::dry_run(), &pod("probe", &[("app", "probe")]))
         .await?;
@@ -588,7 +290,7 @@ async fn restarted_in(namespaces: &[TestNamespace], mine: &str) -> Result<Vec<St
 /// checks what new pods get meanwhile: the canary's namespace the new revision, the others the
 /// promoted one.
 async fn canary_open(
-    client: &Client,
+    client: &kube::Client,
     policies: &Api<InjectionPolicy>,
     name: &str,
     (canary, stable): (&str, &str),
@@ -630,8 +332,9 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
         "maxConcurrent": 2, "maxConcurrentPerNamespace": 1, "timeout": format!("{timeout}s"),
         "canary": {"namespaceSelector": {"matchLabels": {tier.as_str(): "canary"}}},
     });
-    let spec =
-        |rev: &str, args: &[&str]| policy(&setup.instance, "Auto", rev, args, rollout.clone());
+    let spec = |rev: &str, args: &[&str]| {
+        rollout_policy(&setup.instance, "Auto", rev, args, rollout.clone())
+    };
     setup.apply(&name, spec("v1", &["sleep"])).await?;
     wait_policy(&client, &name, "True", Duration::from_secs(60)).await?;
     let policies: Api<InjectionPolicy> = Api::all(client.clone());
@@ -646,10 +349,18 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     ];
     let (canary_ns, prod) = (&all[0], &all[1..]);
     for ns in &all {
-        wait_injecting(&client, &ns.name, &[("app", "probe")], SIDECAR).await?;
+        wait_injecting(&client, &ns.name, &[("app", "probe")], ROLLOUT_SIDECAR).await?;
     }
     let per_namespace = 2;
-    deploy(&client, &all, per_namespace, &setup.instance, &name, &v1).await?;
+    deploy(
+        &client,
+        &all,
+        per_namespace,
+        &setup.instance,
+        &name,
+        Some(&v1),
+    )
+    .await?;
     // v1 is promoted as it is: there was nothing before it to pin.
     wait_until(Duration::from_secs(30), "v1 promoted", || async {
         let s = policies.get(&name).await?.status.and_then(|s| s.rollout);
@@ -659,6 +370,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     .await?;
 
     // v2, healthy: the canary namespace first, then the rest.
+    let before = revisions(&all).await?;
     setup.apply(&name, spec("v2", &["sleep"])).await?;
     let changed = Instant::now();
     let v2 = new_hash(&policies, &name, &v1).await?;
@@ -676,7 +388,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
         "while the canary is open the policy has a canary entry and one for the rest, got {hooks} webhooks"
     );
     let mine = format!("{name}@{v2}");
-    let (seen, watch) = watch_deployments(&client, &setup.instance, mine.clone());
+    let watch = watch_deployments(&client, &setup.instance, mine.clone());
     // While the canary is open, nothing outside it restarts.
     let mut canary_phase_seen = false;
     let promoted = loop {
@@ -709,34 +421,8 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
         canary_done.len() == per_namespace,
         "promoted with canary restarts {canary_done:?}"
     );
-    let total = per_namespace * all.len();
-    wait_rollout(
-        &policies,
-        &name,
-        &v2,
-        RolloutPhase::Complete,
-        Duration::from_secs(300),
-        |s| s.done == total as i64,
-    )
-    .await?;
-    let complete = changed.elapsed();
-    wait_until(Duration::from_secs(90), "every pod current at v2", || {
-        all_current(&client, &all, per_namespace, &name, &v2)
-    })
-    .await?;
-    watch.abort();
-    let (max_restarting, min_available) = {
-        let o = seen.lock().unwrap_or_else(|e| e.into_inner());
-        (o.max_restarting, o.min_available)
-    };
-    ensure!(
-        max_restarting <= 2,
-        "{max_restarting} restarting at once (budget 2)"
-    );
-    ensure!(
-        min_available.is_some_and(|a| a >= 1),
-        "a Deployment fell below its availability: {min_available:?}"
-    );
+    let done = wait_complete(&client, &all, per_namespace, &name, &v2, changed, watch).await?;
+    ensure_restarted_once(&client, &name, 2, &done, &before).await?;
     // An in-tree policy is served by webhook while the canary is open, and in-tree again after.
     wait_until(
         Duration::from_secs(30),
@@ -747,9 +433,11 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     )
     .await?;
     report(format!(
-        "REPORT rollout canary: {total} Deployments in 3 namespaces (1 canary), budget 2: promoted {:.1}s and complete {:.1}s after the change; at most {max_restarting} restarting at once",
+        "REPORT rollout canary: {} Deployments in 3 namespaces (1 canary), budget 2: promoted {:.1}s and complete {:.1}s after the change; at most {} restarting at once",
+        done.revisions.len(),
         promoted.as_secs_f64(),
-        complete.as_secs_f64(),
+        done.took.as_secs_f64(),
+        done.max_restarting,
     ));
 
     // v3: the sidecar exits 1. The canary halts alone; new pods elsewhere keep v2.
@@ -791,26 +479,27 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
         took.as_secs_f64()
     ));
 
-    // v4 fixes it: the canary goes again, is promoted, and the rollout completes.
+    // v4 fixes it: the canary goes again, is promoted, and the rollout completes, each
+    // Deployment restarted once more (the halted canary one included).
+    let before = revisions(&all).await?;
     setup.apply(&name, spec("v4", &["sleep"])).await?;
     let changed = Instant::now();
     let v4 = new_hash(&policies, &name, &v3).await?;
-    wait_rollout(
-        &policies,
-        &name,
-        &v4,
-        RolloutPhase::Complete,
-        Duration::from_secs(300),
-        |s| s.done == total as i64 && s.stable.as_ref().is_some_and(|st| st.template_hash == v4),
-    )
-    .await?;
-    wait_until(Duration::from_secs(90), "every pod current at v4", || {
-        all_current(&client, &all, per_namespace, &name, &v4)
-    })
-    .await?;
+    let watch = watch_deployments(&client, &setup.instance, format!("{name}@{v4}"));
+    let done = wait_complete(&client, &all, per_namespace, &name, &v4, changed, watch).await?;
+    ensure_restarted_once(&client, &name, 2, &done, &before).await?;
+    ensure!(
+        done.status
+            .stable
+            .as_ref()
+            .map(|s| s.template_hash.as_str())
+            == Some(v4.as_str()),
+        "v4 complete but not promoted: {:?}",
+        done.status.stable
+    );
     report(format!(
         "REPORT rollout canary: v4 fixed the halted canary: complete {:.1}s after the change",
-        changed.elapsed().as_secs_f64()
+        done.took.as_secs_f64()
     ));
     Ok(())
 }
