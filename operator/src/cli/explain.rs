@@ -631,7 +631,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain([&file.to_path_buf()]))?;
-    let mut loaded = offline::load_policies(&args.policies)?;
+    let mut loaded = offline::load_policies_at(&args.policies, args.namespace.revision)?;
     let paused = offline::without_paused(&mut loaded);
     offline::resolve_values_from(
         &mut loaded,
@@ -657,7 +657,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
         })
         .collect();
     if !paused.is_empty() {
-        let mut all = offline::load_policies(&args.policies)?;
+        let mut all = offline::load_policies_at(&args.policies, args.namespace.revision)?;
         all.retain(|p| paused.contains(&p.name));
         policies.extend(all.into_iter().map(|p| PolicyInput {
             name: p.name,

@@ -91,7 +91,7 @@ fn run(args: &Args) -> Result<Report, InputError> {
         .validate()
         .map_err(|e| InputError::file("--namespace-label", e))?;
     offline::stdin_at_most_once(args.policies.iter().chain(&args.files))?;
-    let mut policies = offline::load_policies(&args.policies)?;
+    let mut policies = offline::load_policies_at(&args.policies, args.namespace.revision)?;
     offline::resolve_values_from(
         &mut policies,
         &args.namespace.values_from,

@@ -172,6 +172,14 @@ pub(crate) struct LoadedPolicy {
 /// them as the API server would on apply, and compiles them. Returns them in name order, the order
 /// the API server calls their webhooks in.
 pub(crate) fn load_policies(paths: &[PathBuf]) -> Result<Vec<LoadedPolicy>, InputError> {
+    load_policies_at(paths, Revision::InForce)
+}
+
+/// Like [`load_policies`], each policy at `revision`.
+pub(crate) fn load_policies_at(
+    paths: &[PathBuf],
+    revision: Revision,
+) -> Result<Vec<LoadedPolicy>, InputError> {
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     let mut policies = Vec::new();
     for path in expand_paths(paths)? {
@@ -184,7 +192,7 @@ pub(crate) fn load_policies(paths: &[PathBuf]) -> Result<Vec<LoadedPolicy>, Inpu
             ));
         }
         for doc in docs {
-            let policy = load_policy(&source.name, &doc)?;
+            let policy = load_policy(&source.name, &doc, revision)?;
             let here = format!("{}: document {}", source.name, doc.index);
             if let Some(first) = seen.insert(policy.name.clone(), here) {
                 return Err(
@@ -246,7 +254,7 @@ struct PolicyMetadata {
     generation: Option<i64>,
 }
 
-fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
+fn load_policy(file: &str, doc: &Document, revision: Revision) -> Result<LoadedPolicy, InputError> {
     let at = |message: String| InputError::document(file, doc.index, message);
     let map = doc
         .value
@@ -327,6 +335,13 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
         ))
         .with_field(why.field));
     }
+    let compiled = match revision {
+        Revision::InForce => compiled,
+        Revision::Promoted => promoted(&name, &object, &spec, compiled).map_err(|e| {
+            let field = e.0;
+            at(e.1).with_field(field)
+        })?,
+    };
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
@@ -335,6 +350,33 @@ fn load_policy(file: &str, doc: &Document) -> Result<LoadedPolicy, InputError> {
         file: file.to_owned(),
         document: doc.index,
     })
+}
+
+/// The promoted revision of a policy read from a file: its `status.rollout.stable`, else the spec
+/// itself when the policy has no canary (then both are the same). (field, message) on error.
+fn promoted(
+    name: &str,
+    object: &Value,
+    spec: &InjectionPolicySpec,
+    in_force: CompiledPolicy,
+) -> Result<CompiledPolicy, (&'static str, String)> {
+    const FIELD: &str = "status.rollout.stable";
+    let Some(stable) = object.pointer("/status/rollout/stable") else {
+        if spec.rollout.as_ref().is_some_and(|r| r.canary.is_some()) {
+            return Err((
+                FIELD,
+                "--revision promoted: no promoted revision recorded; read the policy from the \
+                 cluster (kubectl get injectionpolicy NAME -o yaml) to include its status"
+                    .to_owned(),
+            ));
+        }
+        return Ok(in_force);
+    };
+    let stable: splice_crds::StableRevision =
+        serde_json::from_value(stable.clone()).map_err(|e| (FIELD, e.to_string()))?;
+    let spec: InjectionPolicySpec =
+        serde_json::from_value(stable.spec).map_err(|e| (FIELD, e.to_string()))?;
+    CompiledPolicy::compile(name, stable.generation, &spec).map_err(|e| (FIELD, e.to_string()))
 }
 
 fn yaml_key(key: &serde_yaml::Value) -> String {
@@ -634,6 +676,20 @@ pub(crate) struct NamespaceArgs {
     /// (repeatable).
     #[arg(long = "values-from", value_name = "FILE")]
     pub values_from: Vec<PathBuf>,
+    /// Which revision of a policy with `spec.rollout` to render: the spec as written
+    /// (`in-force`, what a canary gets), or the promoted one that pods outside an open canary
+    /// get (`promoted`, read from `status.rollout.stable`, so the file must come from the
+    /// cluster, e.g. `kubectl get injectionpolicy -o yaml`).
+    #[arg(long, value_enum, default_value_t = Revision::InForce)]
+    pub revision: Revision,
+}
+
+/// The revision of a policy the offline commands render.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Revision {
+    #[default]
+    InForce,
+    Promoted,
 }
 
 impl NamespaceArgs {
@@ -1097,7 +1153,7 @@ mod tests {
 
     fn policy_doc(text: &str) -> Result<LoadedPolicy, InputError> {
         let docs = documents(&source(text))?;
-        load_policy("test.yaml", &docs[0])
+        load_policy("test.yaml", &docs[0], Revision::InForce)
     }
 
     #[test]
@@ -1137,7 +1193,7 @@ mod tests {
         let doc = "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {name: p}\n\
                    spec:\n  timeoutSeconds: x\n";
         let err = documents(&source(doc))
-            .and_then(|d| load_policy("test.yaml", &d[0]))
+            .and_then(|d| load_policy("test.yaml", &d[0], Revision::InForce))
             .err()
             .expect("fails");
         assert_eq!(err.field.as_deref(), Some("spec.timeoutSeconds"));
@@ -1268,12 +1324,53 @@ mod tests {
     }
 
     #[test]
+    fn the_promoted_revision_is_read_from_the_status_and_refused_naming_it_when_absent() {
+        let yaml = |status: &str| {
+            format!(
+                "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: mesh}}\n\
+                 spec:\n  values: {{tag: '2'}}\n  rollout: {{canary: {{objectSelector: {{matchLabels: {{track: canary}}}}}}}}\n\
+                 \x20 template: {{labels: {{v: '{{{{ values.tag }}}}'}}}}\n{status}"
+            )
+        };
+        let load = |text: String, revision| {
+            let docs = documents(&Source {
+                name: "test.yaml".into(),
+                text,
+            })
+            .unwrap();
+            load_policy("test.yaml", &docs[0], revision)
+        };
+        let kept = "status:\n  rollout:\n    revision: x\n    phase: Canary\n    outdated: 0\n    restarting: 0\n    done: 0\n    failed: 0\n    manual: 0\n    stable:\n      templateHash: old\n      generation: 1\n      spec: {values: {tag: '1'}, template: {labels: {v: '{{ values.tag }}'}}}\n";
+        let current = load(yaml(kept), Revision::InForce).unwrap();
+        let promoted = load(yaml(kept), Revision::Promoted).unwrap();
+        assert_ne!(
+            current.compiled.template_hash(),
+            promoted.compiled.template_hash()
+        );
+        assert_eq!(
+            promoted
+                .compiled
+                .spec()
+                .values
+                .get("tag")
+                .map(String::as_str),
+            Some("1")
+        );
+        let Err(e) = load(yaml(""), Revision::Promoted) else {
+            panic!("a canary policy without status has no promoted revision");
+        };
+        let e = e.to_string();
+        assert!(e.contains("status.rollout.stable"), "{e}");
+    }
+
+    #[test]
     fn the_namespace_name_label_is_always_set_like_the_api_server_does() {
         let args = NamespaceArgs {
             namespace: None,
             namespace_labels: vec![("mesh".into(), "enabled".into())],
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
+            revision: Revision::InForce,
         };
         let ctx = args.context(Some("shop"));
         assert_eq!(ctx.name, "shop");
@@ -1297,6 +1394,7 @@ mod tests {
             namespace_labels: vec![(NAMESPACE_NAME_LABEL.into(), "dev".into())],
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
+            revision: Revision::InForce,
         };
         assert!(args.validate().is_err());
     }
