@@ -879,8 +879,12 @@ pub async fn ensure_rolled_out(
 pub struct Observed {
     /// Most Deployments restarted for `mine` and not settled at any one time.
     pub max_restarting: usize,
-    /// Fewest available replicas any Deployment had (they all want 1, maxUnavailable 0).
+    /// Fewest available replicas any Deployment had (they all want 1, maxUnavailable 0), of
+    /// those available when the watch first saw them: one already down (a halted canary's) has
+    /// not fallen during this rollout.
     pub min_available: Option<i32>,
+    /// The Deployment that had them, and its status then.
+    pub least_available: Option<String>,
     /// Deployments seen restarted for `mine`.
     pub restarted: usize,
 }
@@ -897,11 +901,20 @@ pub fn watch_deployments(
     let out = Arc::clone(&seen);
     let task = tokio::spawn(async move {
         let mut state: HashMap<(String, String), Deployment> = HashMap::new();
+        let mut up_at_first: HashMap<(String, String), bool> = HashMap::new();
         let mut events = std::pin::pin!(watcher(api, config));
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => {
-                    state.insert((d.namespace().unwrap_or_default(), d.name_any()), d);
+                    let key = (d.namespace().unwrap_or_default(), d.name_any());
+                    up_at_first.entry(key.clone()).or_insert_with(|| {
+                        d.status
+                            .as_ref()
+                            .and_then(|s| s.available_replicas)
+                            .unwrap_or(0)
+                            >= 1
+                    });
+                    state.insert(key, d);
                 }
                 Ok(watcher::Event::Delete(d)) => {
                     state.remove(&(d.namespace().unwrap_or_default(), d.name_any()));
@@ -917,19 +930,25 @@ pub fn watch_deployments(
                 .filter(|d| restarted_for(d) == Some(&mine))
                 .count();
             let available = state
-                .values()
-                .map(|d| {
-                    d.status
+                .iter()
+                .filter(|(key, _)| up_at_first.get(*key).copied().unwrap_or(false))
+                .map(|((ns, name), d)| {
+                    let n = d
+                        .status
                         .as_ref()
                         .and_then(|s| s.available_replicas)
-                        .unwrap_or(0)
+                        .unwrap_or(0);
+                    (n, format!("{ns}/{name}: {:?}", d.status))
                 })
-                .min();
+                .min_by_key(|(n, _)| *n);
             let mut o = out.lock().unwrap_or_else(|e| e.into_inner());
             o.max_restarting = o.max_restarting.max(restarting);
             o.restarted = restarted;
-            if let Some(a) = available {
-                o.min_available = Some(o.min_available.map_or(a, |m| m.min(a)));
+            if let Some((a, which)) = available
+                && o.min_available.is_none_or(|m| a < m)
+            {
+                o.min_available = Some(a);
+                o.least_available = Some(which);
             }
         }
     });
@@ -965,6 +984,7 @@ pub struct Completed {
     /// What the watch of the Deployments saw meanwhile.
     pub max_restarting: usize,
     pub min_available: Option<i32>,
+    pub least_available: Option<String>,
     pub restarted: usize,
     /// Each Deployment's revision afterwards ([`revisions`]).
     pub revisions: BTreeMap<String, String>,
@@ -1008,6 +1028,7 @@ pub async fn wait_complete(
         status,
         max_restarting: o.max_restarting,
         min_available: o.min_available,
+        least_available: o.least_available.clone(),
         restarted: o.restarted,
         revisions,
     })
@@ -1030,8 +1051,9 @@ pub async fn ensure_restarted_once(
     );
     ensure!(
         done.min_available.is_some_and(|a| a >= 1),
-        "a Deployment fell below its availability: {:?}",
-        done.min_available
+        "a Deployment fell below its availability: {:?} ({})",
+        done.min_available,
+        done.least_available.as_deref().unwrap_or("none seen")
     );
     ensure!(
         done.revisions.len() == before.len(),
