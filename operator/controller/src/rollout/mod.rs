@@ -720,7 +720,9 @@ trait Restartable:
     + 'static
 {
     const KIND: Kind;
-    /// `None` without a spec.
+    /// `None` without a spec, or when a template change does not replace its pods (update
+    /// strategy `OnDelete`): then its pods count as `manual`, rather than a restart that never
+    /// settles and halts the rollout.
     fn parts(&self) -> Option<Parts<'_>>;
 }
 
@@ -774,10 +776,20 @@ impl Restartable for Deployment {
     }
 }
 
+/// The update strategy that leaves pods alone until someone deletes them.
+const ON_DELETE: &str = "OnDelete";
+
 impl Restartable for StatefulSet {
     const KIND: Kind = Kind::StatefulSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
+        let strategy = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|u| u.type_.as_deref());
+        if strategy == Some(ON_DELETE) {
+            return None;
+        }
         let s = self.status.as_ref();
         let n = |f: fn(&StatefulSetStatus) -> Option<i32>| s.and_then(f).unwrap_or(0);
         Some(Parts::new(
@@ -800,6 +812,13 @@ impl Restartable for DaemonSet {
     const KIND: Kind = Kind::DaemonSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
+        let strategy = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|u| u.type_.as_deref());
+        if strategy == Some(ON_DELETE) {
+            return None;
+        }
         let s = self.status.as_ref();
         let n = |f: fn(&DaemonSetStatus) -> Option<i32>| s.and_then(f).unwrap_or(0);
         Some(Parts::new(
@@ -1070,6 +1089,34 @@ async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workload_updated_on_delete_is_not_restartable_so_its_pods_count_manual() {
+        let set = |strategy: &str| -> StatefulSet {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db", "namespace": "a"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "db"}},
+                    "serviceName": "db",
+                    "template": {"metadata": {"labels": {"app": "db"}}},
+                    "updateStrategy": {"type": strategy},
+                },
+            }))
+            .unwrap()
+        };
+        assert!(set("RollingUpdate").parts().is_some());
+        assert!(set("OnDelete").parts().is_none());
+        let daemons: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "agent", "namespace": "a"},
+            "spec": {
+                "selector": {"matchLabels": {"app": "agent"}},
+                "template": {"metadata": {"labels": {"app": "agent"}}},
+                "updateStrategy": {"type": "OnDelete"},
+            },
+        }))
+        .unwrap();
+        assert!(daemons.parts().is_none());
+    }
 
     #[test]
     fn a_halted_rollout_reads_rolled_out_false_halted_naming_the_workload() {
