@@ -1,7 +1,10 @@
 //! `spec.rollout` on the real node: a template change restarts the Deployments whose pods carry
 //! the old revision, never more at once than the budget and never below availability, and every
 //! pod ends current, even when the leader is killed mid-rollout (no Deployment restarted twice);
-//! a change whose sidecar exits 1 halts the rollout after the first restart.
+//! a change whose sidecar exits 1 halts the rollout after the first restart; and with a pinned
+//! canary, 20 Deployments in 4 namespaces: the canary's namespace goes first and alone, new pods
+//! outside it keep the promoted revision, a failing change halts in the canary and a fix
+//! completes.
 //!
 //! Splice runs as local processes (`splice run`, as in the operator tests); the Deployments' pods
 //! really run on the real node (`e2e.splice.dev/node=real`, the testapp image). Timings are
@@ -321,6 +324,7 @@ async fn canary_open(
 #[tokio::test]
 async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone_when_not()
 -> Result<()> {
+    const BUDGET: usize = 3;
     let _serial = SERIAL.lock().await;
     let client = splice_e2e::client().await?;
     real_node(&client).await?;
@@ -329,7 +333,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     let tier = format!("{}-tier", setup.instance);
     let timeout = 20;
     let rollout = json!({
-        "maxConcurrent": 2, "maxConcurrentPerNamespace": 1, "timeout": format!("{timeout}s"),
+        "maxConcurrent": BUDGET, "maxConcurrentPerNamespace": 2, "timeout": format!("{timeout}s"),
         "canary": {"namespaceSelector": {"matchLabels": {tier.as_str(): "canary"}}},
     });
     let spec = |rev: &str, args: &[&str]| {
@@ -341,9 +345,10 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     let v1 = template_hash(&policies, &name)
         .await?
         .context("no template hash")?;
-    // The canary's namespace first, then two outside it.
+    // 20 Deployments: the canary's namespace first, then three outside it.
     let all = [
         TestNamespace::create("e2e-canary", &[(&setup.instance, "on"), (&tier, "canary")]).await?,
+        setup.app_namespace().await?,
         setup.app_namespace().await?,
         setup.app_namespace().await?,
     ];
@@ -422,7 +427,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
         "promoted with canary restarts {canary_done:?}"
     );
     let done = wait_complete(&client, &all, per_namespace, &name, &v2, changed, watch).await?;
-    ensure_restarted_once(&client, &name, 2, &done, &before).await?;
+    ensure_restarted_once(&client, &name, BUDGET, &done, &before).await?;
     // An in-tree policy is served by webhook while the canary is open, and in-tree again after.
     wait_until(
         Duration::from_secs(30),
@@ -433,7 +438,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     )
     .await?;
     report(format!(
-        "REPORT rollout canary: {} Deployments in 3 namespaces (1 canary), budget 2: promoted {:.1}s and complete {:.1}s after the change; at most {} restarting at once",
+        "REPORT rollout canary: {} Deployments in 4 namespaces (1 canary), budget {BUDGET} (2 per namespace): promoted {:.1}s and complete {:.1}s after the change; at most {} restarting at once",
         done.revisions.len(),
         promoted.as_secs_f64(),
         done.took.as_secs_f64(),
@@ -487,7 +492,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     let v4 = new_hash(&policies, &name, &v3).await?;
     let watch = watch_deployments(&client, &setup.instance, format!("{name}@{v4}"));
     let done = wait_complete(&client, &all, per_namespace, &name, &v4, changed, watch).await?;
-    ensure_restarted_once(&client, &name, 2, &done, &before).await?;
+    ensure_restarted_once(&client, &name, BUDGET, &done, &before).await?;
     ensure!(
         done.status
             .stable

@@ -51,6 +51,11 @@ pub struct Desired<'p> {
     pub partners: BTreeMap<String, Stamp>,
     /// The configuration the status names: the entry's, else the one that served it so far.
     pub configuration: String,
+    /// Members leaving this policy's shared entry with their move still in flight (a change
+    /// their own reconcile has not reported: the status still names this entry). Their new paths
+    /// are written before this entry is rewritten without them, as their own reconciles would,
+    /// so none has a moment unserved whichever reconcile runs first.
+    pub leaving: Vec<String>,
 }
 
 /// Decides what `policy` should be in `world`.
@@ -112,6 +117,10 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
             .and_then(|s| s.webhook_configuration.clone())
             .unwrap_or_else(|| webhook_configuration_name(&name)),
     };
+    let leaving = group
+        .as_ref()
+        .map(|g| leaving_in_flight(policy, g, world))
+        .unwrap_or_default();
     Desired {
         in_force,
         served,
@@ -122,7 +131,32 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
         group,
         partners,
         configuration,
+        leaving,
     }
+}
+
+/// The policies their status says `group`'s configuration serves, that the plan moves elsewhere
+/// while still served by webhook, and whose latest change their reconcile has not reported yet. Only when
+/// `this` is already served by that configuration: a policy joining it must write it.
+fn leaving_in_flight(this: &InjectionPolicy, group: &Group, world: &World<'_>) -> Vec<String> {
+    let configuration = group.configuration.as_str();
+    let names_it = |s: Option<&InjectionPolicyStatus>| {
+        s.and_then(|s| s.webhook_configuration.as_deref()) == Some(configuration)
+    };
+    if !names_it(world.status) {
+        return Vec::new();
+    }
+    let this_name = this.name_any();
+    world
+        .policies
+        .iter()
+        .filter(|p| p.name_any() != this_name)
+        .filter(|p| names_it(p.status.as_ref()))
+        .filter(|p| !group.members.iter().any(|m| m.name == p.name_any()))
+        .filter(|p| p.status.as_ref().and_then(|s| s.observed_generation) != p.metadata.generation)
+        .filter(|p| world.served.get(p).is_some())
+        .map(|p| p.name_any())
+        .collect()
 }
 
 /// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
@@ -268,6 +302,49 @@ mod tests {
         let d = decide(&p, &[], &GuardStatus::not_observed(), Some(&status));
         assert!(d.group.is_none());
         assert_eq!(d.configuration, "splice-shared-1234");
+    }
+
+    #[test]
+    fn a_member_moving_out_of_a_shared_entry_is_named_until_its_move_is_reported() {
+        let [a, b, c] = ["a", "b", "c"].map(|n| webhook(n, "registry.invalid/x:1"));
+        let all = [Arc::clone(&a), Arc::clone(&b), Arc::clone(&c)];
+        let shared = decide(&a, &all, &GuardStatus::not_observed(), None).configuration;
+        let served_by = |generation| InjectionPolicyStatus {
+            webhook_configuration: Some(shared.clone()),
+            observed_generation: Some(generation),
+            ..InjectionPolicyStatus::default()
+        };
+        // b moves out (a new timeout, generation 2) and its reconcile has not reported it yet.
+        let mut moved = (*b).clone();
+        moved.spec.timeout_seconds = 7;
+        moved.metadata.generation = Some(2);
+        moved.status = Some(served_by(1));
+        let a_status = served_by(1);
+        let all = [Arc::clone(&a), Arc::new(moved.clone()), Arc::clone(&c)];
+        let d = decide(&a, &all, &GuardStatus::not_observed(), Some(&a_status));
+        assert_eq!(d.configuration, shared, "a and c still share it");
+        assert_eq!(d.leaving, ["b"]);
+        assert_ne!(
+            d.plan.group_of("b").map(|g| g.configuration.as_str()),
+            Some(shared.as_str())
+        );
+
+        // Once b reported its move, nothing is in flight.
+        moved.status = Some(InjectionPolicyStatus {
+            webhook_configuration: Some("splice-b".into()),
+            observed_generation: Some(2),
+            ..InjectionPolicyStatus::default()
+        });
+        let all = [Arc::clone(&a), Arc::new(moved.clone()), Arc::clone(&c)];
+        let d = decide(&a, &all, &GuardStatus::not_observed(), Some(&a_status));
+        assert!(d.leaving.is_empty());
+
+        // A paused member is not served: dropping it at once is what pausing asks.
+        moved.spec.paused = true;
+        moved.status = Some(served_by(1));
+        let all = [Arc::clone(&a), Arc::new(moved), Arc::clone(&c)];
+        let d = decide(&a, &all, &GuardStatus::not_observed(), Some(&a_status));
+        assert!(d.leaving.is_empty());
     }
 
     #[test]

@@ -161,7 +161,7 @@ async fn act(ctx: &Context, policy: &InjectionPolicy, d: &Desired<'_>) -> Result
                     Err(e) => Err(e),
                 }
             }
-            (None, Some(group)) => match ensure_applied(ctx, group).await {
+            (None, Some(group)) => match ensure_applied_after_leaver(ctx, d, group).await {
                 // Webhook configurations reach the API server through one watch, in order: the
                 // entry just applied is in force before a retired one is gone.
                 Ok(change) => {
@@ -411,6 +411,19 @@ async fn ensure_applied(ctx: &Context, group: &Group) -> Result<Option<PlannedEv
             note: drift.note("MutatingWebhookConfiguration", &name),
         })),
     }
+}
+
+/// Writes `group`, after the new paths of members moving out of it ([`Desired::leaving`]), so
+/// none is without an entry whichever reconcile runs first.
+async fn ensure_applied_after_leaver(
+    ctx: &Context,
+    d: &Desired<'_>,
+    group: &Group,
+) -> Result<Option<PlannedEvent>, Error> {
+    for next in d.leaving.iter().filter_map(|m| d.plan.group_of(m)) {
+        ensure_applied(ctx, next).await?;
+    }
+    ensure_applied(ctx, group).await
 }
 
 /// Takes `policy` out of every entry that served it other than `keep`: an entry still planned for
