@@ -356,7 +356,7 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     for ns in &all {
         wait_injecting(&client, &ns.name, &[("app", "probe")], ROLLOUT_SIDECAR).await?;
     }
-    let per_namespace = 2;
+    let per_namespace = 5;
     deploy(
         &client,
         &all,
