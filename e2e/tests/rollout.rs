@@ -380,10 +380,15 @@ async fn a_pinned_canary_goes_first_promotes_itself_when_healthy_and_halts_alone
     let changed = Instant::now();
     let v2 = new_hash(&policies, &name, &v1).await?;
     canary_open(&client, &policies, &name, (&v2, &v1), (canary_ns, &prod[0])).await?;
-    ensure!(
-        policies.get(&name).await?.status.and_then(|s| s.mode) == Some(Mode::Webhook),
-        "an open canary is served by webhook"
-    );
+    // The status reports the mode once the reconcile that split the entry has written it.
+    wait_until(
+        Duration::from_secs(30),
+        "the status to say an open canary is served by webhook",
+        || async {
+            Ok(policies.get(&name).await?.status.and_then(|s| s.mode) == Some(Mode::Webhook))
+        },
+    )
+    .await?;
     let hooks = configuration(&client, &name)
         .await?
         .and_then(|c| c.webhooks)
