@@ -694,13 +694,17 @@ pub fn rollout_policy(
     })
 }
 
-/// A one-replica Deployment of the test application on the real node.
+/// A one-replica Deployment of the test application on the real node. `minReadySeconds`, as a
+/// canary's workloads want: a sidecar that is Ready for a moment between crashes never counts as
+/// available, so the Deployment keeps its old pod (without it a crash-looping revision took a
+/// Deployment to 0 available in the canary e2e).
 pub fn deployment(name: &str, instance: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "labels": {"e2e-rollout": instance}},
         "spec": {
             "replicas": 1,
+            "minReadySeconds": 5,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
