@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use serde::Serialize;
 use serde_json::Value;
 use splice_crds::PodSecurityLevel;
+use splice_engine::entry::CanaryScope;
 use splice_engine::explain::{self as why, InjectionState, Verdict};
-use splice_engine::selector::Selector;
 use splice_engine::{
     self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
 };
@@ -325,10 +325,8 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     probe: p.probe.clone(),
                     webhook_entry,
                     revision: p.canary.as_ref().map(|c| {
-                        let in_canary = Selector::read(c.selectors.namespace_selector.as_ref())
-                            .matches(|k| inputs.namespace.labels.get(k).map(String::as_str))
-                            && Selector::read(c.selectors.object_selector.as_ref())
-                                .matches(|k| labels.get(k).map(String::as_str));
+                        let in_canary = CanaryScope::of(&c.selectors)
+                            .holds(Some(&inputs.namespace.labels), &labels);
                         RevisionReport {
                             in_canary,
                             canary_revision: c.canary_revision.clone(),

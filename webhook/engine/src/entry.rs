@@ -189,6 +189,37 @@ impl Entry {
     }
 }
 
+/// Which pods a canary holds: its two selectors, read once. The planner, `explain` and the tests
+/// ask it; the API server decides the same through [`canary_split`]'s webhooks.
+#[derive(Clone, Debug)]
+pub struct CanaryScope {
+    namespace: crate::selector::Selector,
+    object: crate::selector::Selector,
+}
+
+impl CanaryScope {
+    pub fn of(canary: &Canary) -> Self {
+        Self {
+            namespace: crate::selector::Selector::read(canary.namespace_selector.as_ref()),
+            object: crate::selector::Selector::read(canary.object_selector.as_ref()),
+        }
+    }
+
+    /// Whether a pod with `pod_labels` in a namespace with `namespace_labels` (`None`: not known)
+    /// is in the canary.
+    pub fn holds(
+        &self,
+        namespace_labels: Option<&BTreeMap<String, String>>,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        self.namespace
+            .matches(|k| namespace_labels.and_then(|l| l.get(k)).map(String::as_str))
+            && self
+                .object
+                .matches(|k| pod_labels.get(k).map(String::as_str))
+    }
+}
+
 /// The store key and path name of what a policy's canary gets: the revision in force. Under its
 /// own name a policy with an open canary serves the promoted revision, so the entry it had before
 /// the split (and the entries for the pods outside the canary) never serve the new one. A policy
@@ -739,10 +770,7 @@ mod tests {
                 })
                 .collect();
             proptest::prop_assert_eq!(matching.len(), 1);
-            let in_canary = crate::selector::Selector::read(canary.namespace_selector.as_ref())
-                .matches(|k| ns.get(k).map(String::as_str))
-                && crate::selector::Selector::read(canary.object_selector.as_ref())
-                    .matches(|k| pod.get(k).map(String::as_str));
+            let in_canary = CanaryScope::of(&canary).holds(Some(&ns), &pod);
             proptest::prop_assert_eq!(!matching[0].stable, in_canary);
         }
     }

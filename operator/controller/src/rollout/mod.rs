@@ -34,6 +34,7 @@ use splice_crds::{
     condition, set_condition,
 };
 use splice_engine::Exclusions;
+use splice_engine::entry::CanaryScope;
 use splice_engine::selector::Selector;
 
 use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workload, WorkloadRef};
@@ -196,7 +197,7 @@ struct Candidate {
     held: bool,
     resumed_at: Option<Timestamp>,
     /// The open canary's selectors, namespace and object.
-    canary: Option<(Selector, Selector)>,
+    canary: Option<CanaryScope>,
     promote_requested: bool,
     /// The promoted revision the status keeps.
     stable: Option<StableRevision>,
@@ -252,13 +253,8 @@ impl Loop {
                     // The generation this replica's webhook serves: what new pods get.
                     let compiled = serving::in_force_of(&served, &policy.name_any())?;
                     let revision = coverage::revision(&compiled);
-                    let canary =
-                        serving::open_canary(&policy, compiled.template_hash()).map(|(c, _)| {
-                            (
-                                Selector::read(c.namespace_selector.as_ref()),
-                                Selector::read(c.object_selector.as_ref()),
-                            )
-                        });
+                    let canary = serving::open_canary(&policy, compiled.template_hash())
+                        .map(|(c, _)| CanaryScope::of(c));
                     let stable = serving::stable(&policy).cloned();
                     let annotations = policy.annotations();
                     let resumed_at = annotations
@@ -347,10 +343,9 @@ impl Loop {
                             PodState::Outdated => PodNeed::Outdated,
                             PodState::Missed => PodNeed::Missed,
                         };
-                        let in_canary = c.canary.as_ref().is_some_and(|(ns, obj)| {
+                        let in_canary = c.canary.as_ref().is_some_and(|scope| {
                             let ns_labels = contexts.get(&*pod.namespace).map(|n| &n.labels);
-                            ns.matches(|k| ns_labels.and_then(|l| l.get(k)).map(String::as_str))
-                                && obj.matches(|k| pod.labels.get(k).map(String::as_str))
+                            scope.holds(ns_labels, &pod.labels)
                         });
                         Some(PodNeeding {
                             namespace: &pod.namespace,
@@ -776,18 +771,20 @@ impl Restartable for Deployment {
     }
 }
 
-/// The update strategy that leaves pods alone until someone deletes them.
-const ON_DELETE: &str = "OnDelete";
+/// Whether a workload's update strategy leaves its pods alone until someone deletes them.
+fn on_delete(strategy: Option<&str>) -> bool {
+    strategy == Some("OnDelete")
+}
 
 impl Restartable for StatefulSet {
     const KIND: Kind = Kind::StatefulSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
-        let strategy = spec
-            .update_strategy
-            .as_ref()
-            .and_then(|u| u.type_.as_deref());
-        if strategy == Some(ON_DELETE) {
+        if on_delete(
+            spec.update_strategy
+                .as_ref()
+                .and_then(|u| u.type_.as_deref()),
+        ) {
             return None;
         }
         let s = self.status.as_ref();
@@ -812,11 +809,11 @@ impl Restartable for DaemonSet {
     const KIND: Kind = Kind::DaemonSet;
     fn parts(&self) -> Option<Parts<'_>> {
         let spec = self.spec.as_ref()?;
-        let strategy = spec
-            .update_strategy
-            .as_ref()
-            .and_then(|u| u.type_.as_deref());
-        if strategy == Some(ON_DELETE) {
+        if on_delete(
+            spec.update_strategy
+                .as_ref()
+                .and_then(|u| u.type_.as_deref()),
+        ) {
             return None;
         }
         let s = self.status.as_ref();
