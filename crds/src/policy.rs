@@ -505,6 +505,12 @@ pub struct InjectionPolicyStatus {
     #[schemars(length(max = 32))]
     pub warnings: Vec<String>,
 
+    /// What shows that the API server enforces the generation Ready reports: a server-side
+    /// dry-run pod that came back with this generation's injection, or, where no pod can be
+    /// probed, the measured time the API server takes to load a new configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<EnforcementStatus>,
+
     /// Pods this policy selects, from the operator's pod watch (written by field manager
     /// `splice-coverage`, at most once per pass and only when a count changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -595,6 +601,30 @@ impl RolloutPhase {
             RolloutPhase::Halted => "Halted",
         }
     }
+}
+
+/// The evidence that the API server enforces a generation (see `status.enforcement`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EnforcementStatus {
+    /// The generation the evidence is for; Ready's `observedGeneration` is this one.
+    pub observed_generation: i64,
+    /// `Probe`: a dry-run pod in `namespace` came back with the injection of `revision`.
+    /// `SettleTime`: nothing could be probed (`detail` says why), so Ready waited for the
+    /// measured time the API server takes to load a new configuration.
+    pub evidence: String,
+    /// The namespace of the dry-run pod, for `Probe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// The revision (template hash, and `valuesFrom` digests) the dry-run pod carried, for
+    /// `Probe`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Why no pod could be probed, for `SettleTime`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// When the evidence was seen (RFC 3339): the generation is enforced from then on.
+    pub since: String,
 }
 
 /// The admission probe's result for one policy. Rewritten only when the result, the namespaces

@@ -18,7 +18,7 @@ use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::policy::error::Error;
 use crate::policy::render::ClientTarget;
-use crate::policy::{neighbours, serving};
+use crate::policy::{enforcement, neighbours, serving};
 use crate::values::ValuesCache;
 
 /// Everything `splice run` is configured with.
@@ -84,6 +84,10 @@ pub struct Context {
     pub served: serving::ServedSpecs,
     /// The data of `valuesFrom`, to report a missing source in Ready.
     pub values: Arc<ValuesCache>,
+    /// The leader's namespace watch, to pick where a dry-run pod shows a generation enforced.
+    pub namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+    /// Generations written but not yet seen enforced, per policy (see [`enforcement`]).
+    awaiting: Mutex<HashMap<String, enforcement::Awaiting>>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
     /// The status this replica last wrote per policy, until the watch delivers it.
@@ -105,6 +109,7 @@ impl Context {
         ca_bundle: watch::Receiver<Option<Arc<String>>>,
         metrics: Arc<Metrics>,
         leading: Leadership,
+        namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
     ) -> Self {
         let reporter = Reporter {
             controller: MANAGER.to_owned(),
@@ -135,6 +140,8 @@ impl Context {
                 settings.values_namespaces.clone(),
                 settings.namespace.clone(),
             )),
+            namespaces,
+            awaiting: Mutex::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
@@ -171,6 +178,48 @@ impl Context {
         } else {
             Err(Error::NotLeader)
         }
+    }
+
+    /// This leader's record of `generation` of `policy` awaiting evidence, one look taken: the
+    /// record as it was before this look.
+    pub(crate) fn look_at(
+        &self,
+        policy: &InjectionPolicy,
+        generation: i64,
+        now: k8s_openapi::jiff::Timestamp,
+    ) -> enforcement::Awaiting {
+        let mut awaiting = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let uid = policy.uid();
+        let entry = awaiting
+            .entry(policy.name_any())
+            .or_insert_with(|| enforcement::Awaiting::new(uid.clone(), generation, now));
+        if entry.uid != uid || entry.generation != generation {
+            *entry = enforcement::Awaiting::new(uid, generation, now);
+        }
+        let seen = entry.clone();
+        entry.looks = entry.looks.saturating_add(1);
+        seen
+    }
+
+    /// Keeps the sighting that showed `policy`'s awaited generation enforced, so the looks until
+    /// Ready may report it need no new dry run.
+    pub(crate) fn saw_enforced(&self, policy: &str, sighting: enforcement::Sighting) {
+        if let Some(a) = self
+            .awaiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(policy)
+        {
+            a.seen = Some(sighting);
+        }
+    }
+
+    /// Forgets what awaited evidence for `policy`: it is enforced, or nothing is awaited.
+    pub(crate) fn forget_awaiting(&self, policy: &str) {
+        self.awaiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(policy);
     }
 
     pub(crate) fn count_failure(&self, policy: &str) -> u32 {

@@ -39,9 +39,6 @@ pub const COVERAGE_MANAGER: &str = "splice-coverage";
 /// One counting pass at most this often, so pod churn costs at most one status write per policy
 /// per period, and an idle cluster none.
 pub const PERIOD: Duration = Duration::from_secs(5);
-/// Time the API server may take to start calling a freshly written webhook configuration; an
-/// uninjected pod created within it is not counted as missed.
-pub const IN_FORCE_GRACE: Duration = Duration::from_secs(10);
 /// Missed pods named in an Event.
 const EXAMPLES: usize = 5;
 
@@ -100,8 +97,9 @@ pub enum PodState {
 }
 
 /// The state of every pod `policy` selects and counts (see [`count`]); pods it does not select,
-/// and uninjected pods it is not expected to carry, are left out. `in_force_since` is when its
-/// webhook configuration was put in force (`None`: it is not, so no pod can have been missed).
+/// and uninjected pods it is not expected to carry, are left out. `in_force_since` is when the
+/// API server was seen enforcing it ([`in_force_since`]; `None`: it is not, so no pod can have
+/// been missed).
 pub fn classify<'a>(
     policy: &'a CompiledPolicy,
     in_force_since: Option<Timestamp>,
@@ -114,7 +112,7 @@ pub fn classify<'a>(
         .spec()
         .operations
         .contains(&splice_crds::Operation::Create);
-    let missable_after = in_force_since.and_then(|t| t.checked_add(IN_FORCE_GRACE).ok());
+    let missable_after = in_force_since;
     let mut namespace_selected: HashMap<&'a str, bool> = HashMap::new();
     pods.into_iter().filter_map(move |pod| {
         let ns_ok = *namespace_selected.entry(&pod.namespace).or_insert_with(|| {
@@ -180,13 +178,16 @@ pub fn count<'a>(
     out
 }
 
-/// When the policy's WebhookConfigured condition last turned True, if it is True.
+/// When the policy's Ready condition last turned True, if it is True: Ready turns True only once
+/// the API server is seen enforcing the policy, at a whole second after the evidence
+/// (`policy::enforcement`), so every pod created from that second on, uninjected, was missed.
+/// Ready stays True through a change while the earlier generation stays in force.
 pub fn in_force_since(policy: &InjectionPolicy) -> Option<Timestamp> {
     let status = policy.status.as_ref()?;
     let c = status
         .conditions
         .iter()
-        .find(|c| c.type_ == condition::WEBHOOK_CONFIGURED)?;
+        .find(|c| c.type_ == condition::READY)?;
     (c.status == "True" && !policy.spec.paused).then_some(c.last_transition_time.0)
 }
 
@@ -622,7 +623,8 @@ mod tests {
             pod("shop", "outdated", &[("app", "web")], 500, Some("old")),
             pod("shop", "missed", &[("app", "web")], 2000, None),
             pod("shop", "before", &[("app", "web")], 500, None),
-            pod("shop", "in-grace", &[("app", "web")], 1005, None),
+            pod("shop", "just-before-ready", &[("app", "web")], 999, None),
+            pod("shop", "missed-at-ready", &[("app", "web")], 1000, None),
             pod("shop", "other", &[("app", "api")], 2000, None),
             pod("kube-system", "excluded", &[("app", "web")], 2000, None),
         ];
@@ -636,13 +638,13 @@ mod tests {
         assert_eq!(
             n.coverage,
             Coverage {
-                matched: 3,
+                matched: 4,
                 current: 1,
                 outdated: 1,
-                missed: 1
+                missed: 2
             }
         );
-        assert_eq!(n.missed_examples, ["shop/missed"]);
+        assert_eq!(n.missed_examples, ["shop/missed", "shop/missed-at-ready"]);
     }
 
     #[test]

@@ -140,30 +140,7 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .reserve(Instant::now());
         tokio::time::sleep(wait).await;
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        let params = PostParams {
-            dry_run: true,
-            field_manager: Some(PROBE_MANAGER.to_owned()),
-        };
-        let started = Instant::now();
-        let result = tokio::time::timeout(timeout, api.create(&params, pod)).await;
-        let round_trip = started.elapsed();
-        let answer = match result {
-            Err(_) => Answer::Failed(format!("no answer within {timeout:?}")),
-            Ok(Ok(created)) => match serde_json::to_string(&created)
-                .map_err(|e| e.to_string())
-                .and_then(|text| verdict::carries_injection(&text, policy))
-            {
-                Ok(injected) => Answer::Admitted { injected },
-                Err(e) => Answer::Failed(format!("reading the pod the API server returned: {e}")),
-            },
-            Ok(Err(kube::Error::Api(s))) => Answer::Refused {
-                code: s.code,
-                message: verdict::without_pod_name(&s.message, pod.name_any().as_str()),
-            },
-            Ok(Err(e)) => Answer::Failed(e.to_string()),
-        };
-        Probe { answer, round_trip }
+        dry_run_create(&self.client, namespace, pod, policy, timeout).await
     }
 
     fn pod_name(&self) -> String {
@@ -225,6 +202,42 @@ impl Shared {
         }
         out
     }
+}
+
+/// One server-side dry-run create of `pod` (`dryRun=All`: nothing is stored, no webhook with
+/// side effects is called), read for `policy`'s injection; also the reconcile's evidence that
+/// the API server enforces a generation.
+pub(crate) async fn dry_run_create(
+    client: &Client,
+    namespace: &str,
+    pod: &Pod,
+    policy: &str,
+    timeout: Duration,
+) -> Probe {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let params = PostParams {
+        dry_run: true,
+        field_manager: Some(PROBE_MANAGER.to_owned()),
+    };
+    let started = Instant::now();
+    let result = tokio::time::timeout(timeout, api.create(&params, pod)).await;
+    let round_trip = started.elapsed();
+    let answer = match result {
+        Err(_) => Answer::Failed(format!("no answer within {timeout:?}")),
+        Ok(Ok(created)) => match serde_json::to_string(&created)
+            .map_err(|e| e.to_string())
+            .and_then(|text| verdict::injected_revision(&text, policy))
+        {
+            Ok(revision) => Answer::Admitted { revision },
+            Err(e) => Answer::Failed(format!("reading the pod the API server returned: {e}")),
+        },
+        Ok(Err(kube::Error::Api(s))) => Answer::Refused {
+            code: s.code,
+            message: verdict::without_pod_name(&s.message, pod.name_any().as_str()),
+        },
+        Ok(Err(e)) => Answer::Failed(e.to_string()),
+    };
+    Probe { answer, round_trip }
 }
 
 /// The leader's probe loop; cancelled with the rest of the leader's work.

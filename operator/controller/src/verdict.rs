@@ -168,9 +168,9 @@ pub fn probe_pod(
 /// What the API server answered to one dry-run create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// Admitted; `injected` when the returned pod carries the policy's entry in
-    /// `splice.dev/status`.
-    Admitted { injected: bool },
+    /// Admitted; `revision` is the policy's entry in the returned pod's `splice.dev/status`, as
+    /// coverage reads it ([`crate::coverage::version`]), when it carries one.
+    Admitted { revision: Option<String> },
     /// Refused, with the API server's own message.
     Refused { code: u16, message: String },
     /// No answer (connection, timeout, an unreadable reply): nobody's verdict.
@@ -193,10 +193,13 @@ pub fn without_pod_name(message: &str, pod_name: &str) -> String {
     message.replace(pod_name, PROBE_POD_PLACEHOLDER)
 }
 
-/// Whether the pod the API server returned (JSON) carries `policy`'s injection.
-pub fn carries_injection(pod_json: &str, policy: &str) -> Result<bool, String> {
+/// The revision of `policy`'s injection the pod the API server returned (JSON) carries, if any.
+pub fn injected_revision(pod_json: &str, policy: &str) -> Result<Option<String>, String> {
     splice_engine::provenance(pod_json)
-        .map(|p| p.contains_key(policy))
+        .map(|p| {
+            p.get(policy)
+                .map(|e| crate::coverage::version(&e.hash, &e.data))
+        })
         .map_err(|e| e.to_string())
 }
 
@@ -253,8 +256,8 @@ fn names_container(message: &str, name: &str) -> bool {
 /// Reads one namespace's probe.
 pub fn classify(probe: &NamespaceProbe, subject: &Subject) -> Finding {
     match &probe.injected.answer {
-        Answer::Admitted { injected: true } => Finding::Admitted,
-        Answer::Admitted { injected: false } => Finding::NotInjected(
+        Answer::Admitted { revision: Some(_) } => Finding::Admitted,
+        Answer::Admitted { revision: None } => Finding::NotInjected(
             "the API server admitted it without this policy's injection and said nothing about \
              the webhook: it was not reached (failurePolicy Ignore hides why) or did not act"
                 .to_owned(),
@@ -703,7 +706,9 @@ mod tests {
 
     fn admitted(injected: bool, ms: u64) -> Probe {
         Probe {
-            answer: Answer::Admitted { injected },
+            answer: Answer::Admitted {
+                revision: injected.then(|| "h".to_owned()),
+            },
             round_trip: Duration::from_millis(ms),
         }
     }
@@ -848,9 +853,9 @@ mod tests {
             "splice.dev/status": "{\"logs\":{\"hash\":\"h\"}}"
         }}})
         .to_string();
-        assert_eq!(carries_injection(&pod, "logs"), Ok(true));
-        assert_eq!(carries_injection(&pod, "mesh"), Ok(false));
-        assert_eq!(carries_injection("{}", "mesh"), Ok(false));
+        assert_eq!(injected_revision(&pod, "logs"), Ok(Some("h".to_owned())));
+        assert_eq!(injected_revision(&pod, "mesh"), Ok(None));
+        assert_eq!(injected_revision("{}", "mesh"), Ok(None));
     }
 
     #[test]

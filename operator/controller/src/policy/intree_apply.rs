@@ -17,14 +17,10 @@ use super::apply::{
     Applied, CallFailed, ClusterObject, Removal, Step, apply_if_changed, remove_if_ours,
 };
 use super::conditions::{PlannedEvent, Severity};
+use super::enforcement::SETTLE;
 use super::error::{Error, truncate};
 use super::intree::{admission_policy_name, render_binding, render_policy};
 use crate::Context;
-
-/// How long a newly written admission path (webhook configuration, or admission policy and
-/// binding) stands before the old one is removed: the API server loads both kinds from its own
-/// watch caches, a moment after the write, and a pod admitted in between must meet one of them.
-pub const SETTLE: Duration = Duration::from_secs(3);
 
 /// Applies the admission policy, then its binding (so the binding never names a policy that
 /// does not exist yet). Returns the drift Event to publish, if one of them had been deleted or

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
+use splice_crds::{EnforcementStatus, InjectionPolicy, InjectionPolicyStatus, MANAGER};
 use splice_engine::{CompiledPolicy, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
@@ -23,12 +23,14 @@ use super::conditions::{
     Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, planned_events,
 };
 use super::desired::{Desired, World, desired};
+use super::enforcement::{self, Known, Sighting, Verdict};
 use super::error::{Error, truncate};
 use super::render::{RenderContext, RenderError, render_group};
 use super::serving::InForce;
 use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
+use crate::verdict::{self, Answer};
 use splice_engine::entry::{Group, Plan, webhook_configuration_name};
 
 /// How often a policy in its steady state is looked at again, as a safety net under the watches.
@@ -106,8 +108,152 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     ctx.neighbours
         .observed(policy, desired.partners.clone(), &desired.plan);
     let acted = act(ctx, policy, &desired).await?;
-    report(ctx, policy, &desired, acted).await
+    let verdict = look(ctx, policy, &desired, &acted.outcome, known.as_ref()).await;
+    report(ctx, policy, &desired, acted, verdict.as_ref()).await
 }
+
+/// Whether the API server enforces the generation just put in force, when the status holds no
+/// evidence for it yet: a dry-run pod in a namespace the policy selects (the next one where
+/// other admission refuses it), judged by [`enforcement::judge`]. `None` when nothing is to be
+/// looked at: the outcome is not a served one, or the evidence is already recorded.
+async fn look(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    d: &Desired<'_>,
+    outcome: &WebhookOutcome,
+    known: Option<&InjectionPolicyStatus>,
+) -> Option<Verdict> {
+    let name = policy.name_any();
+    let generation = policy.metadata.generation.unwrap_or_default();
+    let compiled = match (&d.in_force, outcome, policy.spec.paused) {
+        (InForce::Current(c), WebhookOutcome::Applied { .. }, false) => c,
+        _ => {
+            ctx.forget_awaiting(&name);
+            return None;
+        }
+    };
+    if recorded_enforcement(known, generation).is_some() {
+        ctx.forget_awaiting(&name);
+        return None;
+    }
+    let now = Timestamp::now();
+    let awaiting = ctx.look_at(policy, generation, now);
+    let mut accepted = vec![compiled.template_hash()];
+    if let Some((_, stable)) = super::serving::open_canary(policy, compiled.template_hash()) {
+        accepted.push(stable.template_hash.as_str());
+    }
+    let sighting = match awaiting.seen.clone() {
+        Some(seen) => seen,
+        None => sight(ctx, policy, d, compiled).await,
+    };
+    if awaiting.seen.is_none() && enforcement::shows_enforced(&sighting, &accepted) {
+        ctx.saw_enforced(&name, sighting.clone());
+    }
+    let verdict = enforcement::judge(
+        generation,
+        &accepted,
+        &awaiting,
+        &sighting,
+        Timestamp::now(),
+    );
+    if matches!(verdict, Verdict::Enforced(_)) {
+        ctx.forget_awaiting(&name);
+    }
+    tracing::debug!(policy = %name, generation, ?sighting, ?verdict, "enforcement");
+    Some(verdict)
+}
+
+/// The evidence the status already holds for `generation`.
+fn recorded_enforcement(
+    status: Option<&InjectionPolicyStatus>,
+    generation: i64,
+) -> Option<&EnforcementStatus> {
+    status
+        .and_then(|s| s.enforcement.as_ref())
+        .filter(|e| e.observed_generation == generation)
+}
+
+/// At most this many namespaces are tried for one look, when other admission refuses the pod.
+const LOOK_NAMESPACES: usize = 3;
+
+/// One look at the API server: dry-run pods, in the namespaces the admission probe would pick,
+/// until one answers about this policy's own admission path.
+async fn sight(
+    ctx: &Context,
+    policy: &InjectionPolicy,
+    d: &Desired<'_>,
+    compiled: &CompiledPolicy,
+) -> Sighting {
+    let name = policy.name_any();
+    let planned = {
+        let namespaces = ctx
+            .namespaces
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !namespaces.synced {
+            return Sighting::NamespacesUnknown;
+        }
+        let exclusions = splice_engine::Exclusions::default_for(&ctx.namespace);
+        verdict::plan_namespaces(compiled, namespaces.contexts.values(), &exclusions, &[])
+    };
+    if planned.is_empty() {
+        return Sighting::Unprobeable(
+            "no existing namespace is selected by this policy, so no pod can be probed".to_owned(),
+        );
+    }
+    let labels = match verdict::probe_labels(compiled) {
+        Ok(l) => l,
+        Err(why) => return Sighting::Unprobeable(format!("no probe pod can be made: {why}")),
+    };
+    // A refusal by this policy's own path names its webhook, or its admission policy in-tree.
+    let own = [
+        d.group.as_ref().map(|g| format!("\"{}\"", g.webhook)),
+        Some(format!("'{}'", super::intree::admission_policy_name(&name))),
+        Some(format!(
+            "\"{}\"",
+            super::intree::admission_policy_name(&name)
+        )),
+    ];
+    let timeout = Duration::from_secs(u64::try_from(compiled.spec().timeout_seconds).unwrap_or(10))
+        + LOOK_SLACK;
+    let mut unanswered = Vec::new();
+    for namespace in planned.into_iter().take(LOOK_NAMESPACES) {
+        let pod_name = format!("splice-enforced-{:x}", Timestamp::now().as_nanosecond());
+        let pod = match verdict::probe_pod(&pod_name, &name, &labels, false) {
+            Ok(p) => p,
+            Err(why) => return Sighting::Unprobeable(format!("no probe pod can be made: {why}")),
+        };
+        let sent = Timestamp::now();
+        let probe =
+            crate::probe::dry_run_create(&ctx.client, &namespace, &pod, &name, timeout).await;
+        match probe.answer {
+            Answer::Admitted { revision } => {
+                return Sighting::Pod {
+                    namespace,
+                    // The version starts with the template hash (`coverage::version`).
+                    hash: revision.and_then(|r| r.split(' ').next().map(str::to_owned)),
+                    sent,
+                };
+            }
+            Answer::Refused { message, .. }
+                if own.iter().flatten().any(|o| message.contains(o.as_str())) =>
+            {
+                return Sighting::Refused { namespace, message };
+            }
+            Answer::Refused { message, .. } => {
+                unanswered.push(format!("in namespace {namespace}, refused: {message}"))
+            }
+            Answer::Failed(e) => unanswered.push(format!("in namespace {namespace}: {e}")),
+        }
+    }
+    Sighting::Unprobeable(format!(
+        "no dry-run pod was answered about this policy ({})",
+        truncate(unanswered.join("; "), 600)
+    ))
+}
+
+/// The API server's own time on top of the webhook's timeout.
+const LOOK_SLACK: Duration = Duration::from_secs(5);
 
 /// What acting on a decision did.
 struct Acted {
@@ -225,6 +371,7 @@ async fn report(
     policy: &InjectionPolicy,
     d: &Desired<'_>,
     acted: Acted,
+    verdict: Option<&Verdict>,
 ) -> Result<Action, Error> {
     let Acted {
         outcome,
@@ -286,6 +433,16 @@ async fn report(
         intree::apply_status(&mut status, &d.mode, served_somehow, generation, now);
         status.mode = previous.or(status.mode);
     }
+    // Ready for this generation only once the API server is seen enforcing it.
+    let known = match (verdict, generation) {
+        (Some(v), _) => Known::Judged(v),
+        (None, Some(g)) if served_somehow => match recorded_enforcement(current.as_ref(), g) {
+            Some(e) => Known::Recorded(e),
+            None => Known::NotApplicable,
+        },
+        _ => Known::NotApplicable,
+    };
+    enforcement::gate(&mut status, current.as_ref(), generation, &known, now);
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
@@ -299,9 +456,13 @@ async fn report(
         publish(ctx, policy, event).await;
     }
 
+    let again = [settling, verdict.and_then(Verdict::retry)]
+        .into_iter()
+        .flatten()
+        .min();
     match failure {
         Some(e) => Err(e),
-        None => Ok(Action::requeue(settling.unwrap_or(RESYNC))),
+        None => Ok(Action::requeue(again.unwrap_or(RESYNC))),
     }
 }
 

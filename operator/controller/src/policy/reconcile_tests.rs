@@ -2,6 +2,7 @@
 //! reconcile makes, so "steady state makes no writes" is checked without a cluster.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::metrics::Metrics;
 use http::{Method, Request, Response, StatusCode};
@@ -12,6 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::{reflector, watcher};
 use serde_json::{Value, json};
 use splice_crds::{InjectionPolicy, InjectionPolicySpec, InjectionPolicyStatus, Operation};
+use splice_engine::CompiledPolicy;
 use tokio::sync::watch;
 use tower_test::mock;
 
@@ -36,6 +38,10 @@ struct FakeApi {
     status_writes: Vec<Value>,
     /// (method, path) of every request, in order.
     requests: Vec<(Method, String)>,
+    /// The template hash a dry-run pod comes back injected with (`None`: uninjected).
+    injects: Option<String>,
+    /// The query of every dry-run pod create.
+    dry_runs: Vec<String>,
 }
 
 type Shared = Arc<Mutex<FakeApi>>;
@@ -62,6 +68,7 @@ fn fake_api(state: Shared) -> Client {
         while let Some((request, send)) = handle.next_request().await {
             let method = request.method().clone();
             let path = request.uri().path().to_owned();
+            let query = request.uri().query().unwrap_or_default().to_owned();
             let body = request
                 .into_body()
                 .collect_bytes()
@@ -92,6 +99,15 @@ fn fake_api(state: Shared) -> Client {
                     respond(StatusCode::OK, &policy)
                 }
                 (Method::POST, p) if p.ends_with("/events") => respond(StatusCode::CREATED, &body),
+                (Method::POST, p) if p.ends_with("/pods") => {
+                    api.dry_runs.push(query.clone());
+                    let mut pod = body.clone();
+                    if let Some(hash) = &api.injects {
+                        pod["metadata"]["annotations"]["splice.dev/status"] =
+                            json!(json!({"p": {"hash": hash}}).to_string());
+                    }
+                    respond(StatusCode::CREATED, &pod)
+                }
                 (Method::GET, p @ (MAP_PATH | BINDING_PATH)) => match api.in_tree.get(p) {
                     Some(o) => respond(StatusCode::OK, o),
                     None => not_found(),
@@ -134,6 +150,16 @@ fn policy() -> InjectionPolicy {
 }
 
 fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<Context> {
+    context_with(client, leading, policies, &[("apps", "on")])
+}
+
+/// A context whose leader has listed these namespaces, each with its `mesh` label.
+fn context_with(
+    client: Client,
+    leading: bool,
+    policies: &[InjectionPolicy],
+    namespaces: &[(&str, &str)],
+) -> Arc<Context> {
     let settings = crate::context::tests::settings();
     let (store, mut writer) = reflector::store();
     for p in policies {
@@ -148,15 +174,32 @@ fn context(client: Client, leading: bool, policies: &[InjectionPolicy]) -> Arc<C
         ca,
         Arc::new(Metrics::new()),
         Leadership::fixed(leading),
+        Arc::new(Mutex::new(crate::coverage::Namespaces {
+            contexts: namespaces
+                .iter()
+                .map(|(name, mesh)| {
+                    let context = splice_engine::NamespaceContext {
+                        name: (*name).to_owned(),
+                        labels: [("mesh".to_owned(), (*mesh).to_owned())].into(),
+                        ..Default::default()
+                    };
+                    ((*name).to_owned(), context)
+                })
+                .collect(),
+            synced: true,
+            generation: 1,
+        })),
     ))
 }
 
+/// Every request but reads and dry-run pod creates (the evidence of enforcement, which stores
+/// nothing; `FakeApi::dry_runs` checks they are dry runs).
 fn writes(api: &Shared) -> Vec<(Method, String)> {
     api.lock()
         .unwrap()
         .requests
         .iter()
-        .filter(|(m, _)| *m != Method::GET)
+        .filter(|(m, p)| *m != Method::GET && !(*m == Method::POST && p.ends_with("/pods")))
         .cloned()
         .collect()
 }
@@ -175,23 +218,83 @@ fn with_written_status(api: &Shared) -> InjectionPolicy {
     p
 }
 
+fn ready(status: &Value) -> Value {
+    status["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// Reconciles `policy` as the watch delivers it after each status write, until Ready is True
+/// (at most 4 times, a second apart at most); returns the actions.
+async fn until_ready(api: &Shared, ctx: &Arc<Context>, first: InjectionPolicy) -> Vec<Action> {
+    let mut actions = vec![reconcile(Arc::new(first), Arc::clone(ctx)).await.unwrap()];
+    for _ in 0..4 {
+        let last = api.lock().unwrap().status_writes.last().cloned().unwrap();
+        if ready(&last)["status"] == "True" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let current = with_written_status(api);
+        actions.push(reconcile(Arc::new(current), Arc::clone(ctx)).await.unwrap());
+    }
+    actions
+}
+
 #[tokio::test]
-async fn a_new_policy_is_applied_then_a_current_one_costs_one_read_and_no_write() {
+async fn a_new_policy_is_ready_once_a_dry_run_pod_comes_back_injected_then_costs_one_read() {
     let api = Shared::default();
     let client = fake_api(Arc::clone(&api));
     let ctx = context(client, true, &[policy()]);
+    let hash = CompiledPolicy::compile("p", 1, &policy().spec)
+        .unwrap()
+        .template_hash()
+        .to_owned();
+    api.lock().unwrap().injects = Some(hash.clone());
 
-    let action = reconcile(Arc::new(policy()), Arc::clone(&ctx))
-        .await
-        .unwrap();
-    assert_eq!(action, Action::requeue(super::reconcile::RESYNC));
-    let first = writes(&api);
-    assert_eq!(first[0], (Method::PATCH, MWC_PATH.to_owned()));
-    assert_eq!(first[1], (Method::PATCH, STATUS_PATH.to_owned()));
+    let actions = until_ready(&api, &ctx, policy()).await;
+    let requests = api.lock().unwrap().requests.clone();
+    let write = requests
+        .iter()
+        .position(|(m, p)| *m == Method::PATCH && p == MWC_PATH);
+    let look = requests
+        .iter()
+        .position(|(m, p)| *m == Method::POST && p == "/api/v1/namespaces/apps/pods");
     assert!(
-        first[2..]
+        write.is_some() && look > write,
+        "the evidence is a pod create in the selected namespace, after the write: {requests:?}"
+    );
+    assert!(
+        api.lock()
+            .unwrap()
+            .dry_runs
             .iter()
-            .all(|(m, p)| *m == Method::POST && p.ends_with("/events"))
+            .all(|q| q.contains("dryRun=All")),
+        "only dry runs"
+    );
+    let status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+    let r = ready(&status);
+    assert_eq!(r["status"], "True", "{status}");
+    assert_eq!(r["observedGeneration"], 1);
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("dry-run pod in namespace apps came back with its injection"),
+        "{r}"
+    );
+    assert_eq!(status["enforcement"]["evidence"], "Probe");
+    assert_eq!(status["enforcement"]["revision"], json!(hash));
+    assert!(
+        actions[..actions.len() - 1]
+            .iter()
+            .all(|a| *a != Action::requeue(super::reconcile::RESYNC)),
+        "a reconcile without evidence looks again soon: {actions:?}"
+    );
+    assert_eq!(
+        actions.last(),
+        Some(&Action::requeue(super::reconcile::RESYNC))
     );
     let configuration: MutatingWebhookConfiguration =
         serde_json::from_value(api.lock().unwrap().configuration.clone().unwrap()).unwrap();
@@ -199,18 +302,91 @@ async fn a_new_policy_is_applied_then_a_current_one_costs_one_read_and_no_write(
 
     clear(&api);
     let current = with_written_status(&api);
-    assert_eq!(
-        current.status.as_ref().unwrap().observed_generation,
-        Some(1)
-    );
     reconcile(Arc::new(current), Arc::clone(&ctx))
         .await
         .unwrap();
     assert_eq!(
         api.lock().unwrap().requests,
         vec![(Method::GET, MWC_PATH.to_owned())],
-        "steady state reads the configuration once and writes nothing"
+        "steady state reads the configuration once, probes nothing and writes nothing"
     );
+}
+
+#[tokio::test]
+async fn ready_waits_while_the_dry_run_pod_comes_back_without_the_injection_and_says_so_once() {
+    let api = Shared::default();
+    let ctx = context(fake_api(Arc::clone(&api)), true, &[policy()]);
+    let action = reconcile(Arc::new(policy()), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(action != Action::requeue(super::reconcile::RESYNC));
+    let status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+    let r = ready(&status);
+    assert_eq!(
+        (r["status"].as_str(), r["reason"].as_str()),
+        (Some("False"), Some("AwaitingEnforcement")),
+        "{status}"
+    );
+    assert!(
+        r["message"]
+            .as_str()
+            .unwrap()
+            .contains("came back without the injection"),
+        "{r}"
+    );
+    assert!(status.get("enforcement").is_none());
+
+    clear(&api);
+    let current = with_written_status(&api);
+    reconcile(Arc::new(current), Arc::clone(&ctx))
+        .await
+        .unwrap();
+    assert!(
+        writes(&api).is_empty(),
+        "looking again writes no status while nothing changed: {:?}",
+        writes(&api)
+    );
+    assert_eq!(api.lock().unwrap().dry_runs.len(), 2, "it did look again");
+}
+
+#[tokio::test]
+async fn without_a_selected_namespace_ready_waits_the_settle_time_and_names_that_evidence() {
+    let api = Shared::default();
+    let ctx = context_with(
+        fake_api(Arc::clone(&api)),
+        true,
+        &[policy()],
+        &[("apps", "off")],
+    );
+    let started = std::time::Instant::now();
+    let mut current = policy();
+    let mut status = Value::Null;
+    for _ in 0..10 {
+        reconcile(Arc::new(current), Arc::clone(&ctx))
+            .await
+            .unwrap();
+        status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+        if ready(&status)["status"] == "True" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        current = with_written_status(&api);
+    }
+    assert_eq!(ready(&status)["status"], "True", "{status}");
+    assert!(
+        started.elapsed() >= super::enforcement::SETTLE,
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(status["enforcement"]["evidence"], "SettleTime");
+    assert!(
+        ready(&status)["message"]
+            .as_str()
+            .unwrap()
+            .contains("no existing namespace is selected"),
+        "{status}"
+    );
+    assert!(api.lock().unwrap().dry_runs.is_empty());
 }
 
 #[tokio::test]

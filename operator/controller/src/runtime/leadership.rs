@@ -145,6 +145,10 @@ pub(super) fn lead(
         Arc::clone(&metrics),
         guard_tx,
     ));
+    // One namespace watch and one pod watch for coverage, the probe, the rollout and the
+    // reconcile's evidence of enforcement.
+    let observed = coverage::Observed::default();
+    let namespaces = Arc::clone(&observed.namespaces);
     let ctx = Arc::new(
         Context::new(
             client.clone(),
@@ -153,6 +157,7 @@ pub(super) fn lead(
             ca_bundle.clone(),
             metrics,
             leading,
+            Arc::clone(&namespaces),
         )
         .with_neighbours(neighbours)
         .with_guard(guard_rx.clone())
@@ -160,9 +165,6 @@ pub(super) fn lead(
         .with_serving(serving)
         .with_values(Arc::clone(&values)),
     );
-    // One namespace watch and one pod watch for coverage, the probe and the rollout.
-    let observed = coverage::Observed::default();
-    let namespaces = Arc::clone(&observed.namespaces);
     term.spawn(coverage::watch_namespaces(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
