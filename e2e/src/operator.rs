@@ -342,7 +342,8 @@ pub fn condition<'a>(
         .find(|c| c.type_ == type_)
 }
 
-/// Waits until `name` reports Ready=`status` for its current generation; returns the policy.
+/// Waits until `name` reports Ready=`status` for its current generation (the condition's own
+/// `observedGeneration`, as `kubectl wait` reads it); returns the policy.
 pub async fn wait_policy(
     client: &Client,
     name: &str,
@@ -356,7 +357,11 @@ pub async fn wait_policy(
         if let Some(p) = api.get_opt(name).await? {
             let current =
                 p.status.as_ref().and_then(|s| s.observed_generation) == p.metadata.generation;
-            if current && condition(&p, "Ready").is_some_and(|c| c.status == status) {
+            let ready = condition(&p, "Ready").filter(|c| {
+                c.observed_generation
+                    .is_none_or(|g| Some(g) == p.metadata.generation)
+            });
+            if current && ready.is_some_and(|c| c.status == status) {
                 return Ok(p);
             }
             last = Some(p);
