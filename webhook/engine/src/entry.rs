@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use sha2::{Digest, Sha256};
-use splice_crds::{Canary, FailurePolicy, InjectionPolicySpec, Operation};
+use splice_crds::{Canary, FailurePolicy, InjectionPolicySpec, Operation, StableRevision};
 
 use crate::{CompiledPolicy, Selection};
 
@@ -218,6 +218,21 @@ impl CanaryScope {
                 .object
                 .matches(|k| pod_labels.get(k).map(String::as_str))
     }
+}
+
+/// The policy's canary while it is open: `spec.rollout.canary` is set, a revision was promoted
+/// (`stable`, the status's `rollout.stable`) and the template in force (`template_hash`) is
+/// another. Before any promotion there is nothing to pin, so no canary is open. The controller
+/// (entries, mode, rollout), every replica (what it serves) and the offline commands (mode)
+/// decide with this one function.
+pub fn open_canary<'p>(
+    spec: &'p InjectionPolicySpec,
+    stable: Option<&'p StableRevision>,
+    template_hash: &str,
+) -> Option<(&'p Canary, &'p StableRevision)> {
+    let canary = spec.rollout.as_ref()?.canary.as_ref()?;
+    let stable = stable?;
+    (stable.template_hash != template_hash).then_some((canary, stable))
 }
 
 /// The store key and path name of what a policy's canary gets: the revision in force. Under its
@@ -480,6 +495,36 @@ fn terms_id(instance: &str, terms: &Terms) -> String {
 mod tests {
     use super::*;
     use splice_crds::ReinvocationPolicy;
+
+    #[test]
+    fn a_canary_is_open_only_with_a_promoted_revision_other_than_the_template_in_force() {
+        let spec = |canary: bool| {
+            let mut spec = InjectionPolicySpec::default();
+            let yaml = if canary {
+                "canary: {objectSelector: {matchLabels: {track: canary}}}"
+            } else {
+                "{}"
+            };
+            spec.rollout = Some(serde_yaml::from_str(yaml).unwrap());
+            spec
+        };
+        let promoted = StableRevision {
+            template_hash: "old".into(),
+            generation: 1,
+            spec: serde_json::json!({}),
+        };
+        let with_canary = spec(true);
+        let (canary, stable) = open_canary(&with_canary, Some(&promoted), "new").unwrap();
+        assert!(canary.object_selector.is_some());
+        assert_eq!(stable.template_hash, "old");
+        // Promoted already: the template in force is the pinned one.
+        assert!(open_canary(&with_canary, Some(&promoted), "old").is_none());
+        // Nothing promoted yet: nothing to pin.
+        assert!(open_canary(&with_canary, None, "new").is_none());
+        // No canary asked for.
+        assert!(open_canary(&spec(false), Some(&promoted), "new").is_none());
+        assert!(open_canary(&InjectionPolicySpec::default(), Some(&promoted), "new").is_none());
+    }
 
     #[test]
     fn same_selector_agrees_with_the_canonical_text() {
