@@ -17,7 +17,9 @@ use serde_json::Value;
 use splice_crds::{
     InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy, StableRevision,
 };
-use splice_engine::entry::{Member, Plan, open_canary};
+use splice_engine::entry::{
+    Member, MemberFailure, Plan, left_out_warning, member_failure, open_canary,
+};
 use splice_engine::{
     self, CompiledPolicy, DataSources, Decision, EngineError, Exclusions, ModeDecision,
     NamespaceContext, Pod, PodRequest, Selection, SkipReason, SourceKind, SourceRef,
@@ -754,6 +756,9 @@ pub(crate) enum Outcome {
     Skipped(SkipReason),
     /// The webhook answered with this JSON Patch (an empty array when nothing changed).
     Patched { patch: Value, warnings: Vec<String> },
+    /// The policy failed for this object and its shared entry's call left it out (see
+    /// [`member_failure`]), answering this warning.
+    LeftOut { warning: String },
 }
 
 #[derive(Clone, Debug)]
@@ -770,7 +775,10 @@ pub(crate) struct Step {
 impl Step {
     /// Whether the API server would have called the webhook at all.
     pub fn called(&self) -> bool {
-        matches!(self.outcome, Outcome::Patched { .. })
+        matches!(
+            self.outcome,
+            Outcome::Patched { .. } | Outcome::LeftOut { .. }
+        )
     }
 }
 
@@ -855,14 +863,34 @@ pub(crate) fn call_entry(
                 after.push(None);
                 continue;
             }
-            // Render errors already name the policy and the template field.
-            Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {
-                return Err(ChainError {
-                    policy: policies[index].name.clone(),
-                    message: e.to_string(),
-                });
+            Err(e) => {
+                let policy = &policies[index];
+                match member_failure(members.len(), policy.compiled.spec().failure_policy) {
+                    MemberFailure::LeftOut => {
+                        let warning = left_out_warning(&policy.name, &e);
+                        steps.push(Step {
+                            policy: index,
+                            pass,
+                            outcome: Outcome::LeftOut { warning },
+                            changed: false,
+                        });
+                        after.push(None);
+                        continue;
+                    }
+                    // Render errors already name the policy and the template field.
+                    MemberFailure::FailsTheCall => {
+                        return Err(match e {
+                            EngineError::Render { .. } | EngineError::InvalidRender { .. } => {
+                                ChainError {
+                                    policy: policy.name.clone(),
+                                    message: e.to_string(),
+                                }
+                            }
+                            other => fail(index, other.to_string()),
+                        });
+                    }
+                }
             }
-            Err(e) => return Err(fail(index, e.to_string())),
         };
         let patch: Value = serde_json::from_slice(&injection.patch).map_err(|e| {
             fail(
