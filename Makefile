@@ -5,7 +5,7 @@ RUN_DIR ?= $(or $(SPLICE_RUN_DIR),$(HOME)/.cache/splice/run)
 export KUBECONFIG := $(RUN_DIR)/kubeconfig
 BIN_DIR = $(shell $(CP)/build.sh --print-bin-dir)
 
-.PHONY: all build install deps deps-demo image image-test image-load controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission bench-rollout
+.PHONY: all build install deps deps-demo deps-image image image-test image-load controlplane helm up down test lint unit rules-test e2e demo demo-clean bench-webhook bench-engine bench-controller bench-admission bench-rollout
 
 all: build
 
@@ -28,9 +28,14 @@ deps:
 deps-demo:
 	e2e/deps.sh demo
 
+## What building and testing the image needs (musl-tools, umoci, the musl target, ...): every
+## target that builds the image goes through `image`, which depends on this.
+deps-image:
+	e2e/deps.sh image
+
 ## The OCI image (static musl binary, scratch, UID 65532) in target/image/, without a daemon or a
-## registry (needs umoci, musl-tools and the Rust target x86_64-unknown-linux-musl; see .ci/run).
-image:
+## registry (umoci, musl-tools and the Rust target x86_64-unknown-linux-musl: deps-image).
+image: deps-image
 	deploy/image/build.sh
 
 ## The image's config and layer, then the image run under runc: --version, and the webhook

@@ -233,6 +233,44 @@ fn policies_sharing_a_webhook_entry_apply_in_name_order_in_one_call_and_their_co
     );
 }
 
+#[test]
+fn a_policy_failing_in_a_shared_entry_is_left_out_under_ignore_and_fails_the_call_under_fail() {
+    let ws = Workspace::new();
+    let webhook = |p: String| p.replace("spec:\n", "spec:\n  mode: Webhook\n");
+    let team = webhook(env_policy(
+        "b-team",
+        "TEAM",
+        "{{ pod.metadata.labels.team }}",
+    ));
+    let level = webhook(env_policy("a-level", "LOG_LEVEL", "warn"));
+    let unlabelled = pod("web", "shop", "{app: web}");
+
+    // As the webhook answers: the others still inject, and a warning names the one left out.
+    let run = simulate(&ws, &[&team, &level], &unlabelled, &[]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("one call, applying a-level → b-team in that order"),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .contains("step 2: b-team: failed, left out of its entry's call"),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout
+            .contains("warning: splice policy b-team did not inject (failurePolicy Ignore)"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("result: changed by a-level"), "{run:?}");
+
+    let fail = |p: &str| p.replace("spec:\n", "spec:\n  failurePolicy: Fail\n");
+    let run = simulate(&ws, &[&fail(&team), &fail(&level)], &unlabelled, &[]);
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("b-team"), "{run:?}");
+}
+
 /// A policy that stays on the webhook (a filter), named to sort first.
 fn filter_policy(name: &str) -> String {
     format!(

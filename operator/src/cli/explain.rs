@@ -15,7 +15,7 @@ use splice_crds::PodSecurityLevel;
 use splice_engine::entry::CanaryScope;
 use splice_engine::explain::{self as why, InjectionState, Verdict};
 use splice_engine::{
-    self, CompiledPolicy, Exclusions, NamespaceContext, Provenance, ProvenanceEntry,
+    self, CompiledPolicy, Exclusions, ModeDecision, NamespaceContext, Provenance, ProvenanceEntry,
 };
 
 use super::offline::{self, DEFAULT_SPLICE_NAMESPACE, InputError, NamespaceArgs};
@@ -100,6 +100,9 @@ pub(crate) struct PolicyInput {
     pub entry: Option<String>,
     /// Its open canary, from its spec and status (online only).
     pub canary: Option<CanaryInput>,
+    /// The mode it runs in, decided as the controller does, with its open canary (`None` when it
+    /// does not compile).
+    pub mode: Option<ModeDecision>,
 }
 
 /// An open canary: its selectors, the revision it gets and the promoted one everyone else gets.
@@ -111,14 +114,18 @@ pub(crate) struct CanaryInput {
 }
 
 impl CanaryInput {
-    /// The canary of `policy` while its status says one is open.
-    fn of(policy: &splice_crds::InjectionPolicy) -> Option<CanaryInput> {
-        let selectors = policy.spec.rollout.as_ref()?.canary.clone()?;
+    /// The canary of `policy`, open as `open_canary` decides (`canary`, `stable`), with the
+    /// revision its status says the canary gets.
+    fn of(
+        policy: &splice_crds::InjectionPolicy,
+        canary: &splice_crds::Canary,
+        stable: &splice_crds::StableRevision,
+    ) -> Option<CanaryInput> {
         let rollout = policy.status.as_ref()?.rollout.as_ref()?;
         Some(CanaryInput {
-            selectors,
+            selectors: canary.clone(),
             canary_revision: rollout.canary_revision.clone()?,
-            promoted_revision: rollout.stable.as_ref()?.template_hash.clone(),
+            promoted_revision: stable.template_hash.clone(),
         })
     }
 }
@@ -298,7 +305,6 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 } else {
                     verdict.describe()
                 };
-                let (mode, mode_reason) = super::offline::mode_of(compiled);
                 let single: Provenance = injected
                     .iter()
                     .map(|e| (p.name.clone(), e.clone()))
@@ -318,8 +324,12 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                         .collect(),
                     template_hash: Some(compiled.template_hash().to_owned()),
                     pod_security: Some(compiled.pod_security().level),
-                    mode: Some(mode),
-                    mode_reason,
+                    mode: p.mode.as_ref().map(|m| m.effective),
+                    mode_reason: p
+                        .mode
+                        .as_ref()
+                        .and_then(|m| m.webhook_only.as_ref())
+                        .map(ToString::to_string),
                     injection: why::injection_state(compiled, &single),
                     injected,
                     probe: p.probe.clone(),
@@ -652,6 +662,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             probe: None,
             entry: None,
             canary: None,
+            mode: Some(p.mode),
         })
         .collect();
     if !paused.is_empty() {
@@ -664,6 +675,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             probe: None,
             entry: None,
             canary: None,
+            mode: Some(p.mode),
         }));
         policies.sort_by(|a, b| a.name.cmp(&b.name));
     }
@@ -713,7 +725,9 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kube::ResourceExt;
     use kube::api::{Api, ListParams};
+    use splice_controller::policy::serving;
     use splice_crds::InjectionPolicy;
+    use splice_engine::intree;
 
     let client = cluster
         .client()
@@ -757,19 +771,28 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
                     .ok()
                 })
                 .flatten();
+            let compiled = match &resolved {
+                Some(r) => CompiledPolicy::compile_with(&name, generation, &p.spec, r),
+                None => CompiledPolicy::compile(&name, generation, &p.spec),
+            }
+            .map_err(|e| e.to_string());
+            let open = compiled
+                .as_ref()
+                .ok()
+                .and_then(|c| serving::open_canary(p, c.template_hash()));
             PolicyInput {
-                compiled: match &resolved {
-                    Some(r) => CompiledPolicy::compile_with(&name, generation, &p.spec, r),
-                    None => CompiledPolicy::compile(&name, generation, &p.spec),
-                }
-                .map_err(|e| e.to_string()),
+                mode: compiled
+                    .as_ref()
+                    .ok()
+                    .map(|c| intree::decide(p.spec.mode, Some(c), open.is_some())),
+                canary: open.and_then(|(canary, stable)| CanaryInput::of(p, canary, stable)),
+                compiled,
                 paused: p.spec.paused,
                 probe: ProbeReport::from_status(p.status.as_ref()),
                 entry: p
                     .status
                     .as_ref()
                     .and_then(|s| s.webhook_configuration.clone()),
-                canary: CanaryInput::of(p),
                 name,
             }
         })
@@ -854,10 +877,15 @@ mod tests {
 
     fn input(name: &str, yaml: &str, paused: bool) -> PolicyInput {
         let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
+        let compiled = CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string());
         PolicyInput {
             name: name.into(),
             paused,
-            compiled: CompiledPolicy::compile(name, 1, &spec).map_err(|e| e.to_string()),
+            mode: compiled
+                .as_ref()
+                .ok()
+                .map(|c| splice_engine::intree::decide(spec.mode, Some(c), false)),
+            compiled,
             probe: None,
             entry: None,
             canary: None,

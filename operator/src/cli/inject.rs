@@ -231,12 +231,15 @@ impl Context<'_> {
         let mut changed_by: Vec<&str> = Vec::new();
         for step in &steps {
             let name = self.policies[step.policy].name.as_str();
-            if let Outcome::Patched { warnings, .. } = &step.outcome {
-                // The engine's warnings name their policy already.
-                for w in warnings {
-                    self.warnings
-                        .push(format!("{}: {w}", at.describe(&subject)));
-                }
+            // The engine's warnings name their policy already, as does a left-out one's.
+            let warnings = match &step.outcome {
+                Outcome::Patched { warnings, .. } => warnings.as_slice(),
+                Outcome::LeftOut { warning } => std::slice::from_ref(warning),
+                Outcome::Skipped(_) => &[],
+            };
+            for w in warnings {
+                self.warnings
+                    .push(format!("{}: {w}", at.describe(&subject)));
             }
             if step.changed && !changed_by.contains(&name) {
                 changed_by.push(name);

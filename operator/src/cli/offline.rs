@@ -14,12 +14,16 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
-use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy};
-use splice_engine::entry::{Member, Plan};
-use splice_engine::values_from;
+use splice_crds::{
+    InjectionPolicySpec, NAMESPACE_NAME_LABEL, Operation, ReinvocationPolicy, StableRevision,
+};
+use splice_engine::entry::{
+    Member, MemberFailure, Plan, left_out_warning, member_failure, open_canary,
+};
 use splice_engine::{
-    self, CompiledPolicy, DataSources, Decision, EngineError, Exclusions, NamespaceContext, Pod,
-    PodRequest, Selection, SkipReason, SourceKind, SourceRef, ValuesFromError,
+    self, CompiledPolicy, DataSources, Decision, EngineError, Exclusions, ModeDecision,
+    NamespaceContext, Pod, PodRequest, Selection, SkipReason, SourceKind, SourceRef,
+    ValuesFromError, intree, values_from,
 };
 
 /// The API group and kind a policy document must declare.
@@ -163,6 +167,9 @@ pub(crate) struct LoadedPolicy {
     pub origin: String,
     pub reinvocation: ReinvocationPolicy,
     pub compiled: CompiledPolicy,
+    /// The mode the cluster serves it in, decided as the controller does: on the revision in
+    /// force, with its open canary (from the status of a policy read from the cluster).
+    pub mode: ModeDecision,
     /// The file and document it was read from, for errors about its `valuesFrom`.
     pub file: String,
     pub document: usize,
@@ -335,48 +342,64 @@ fn load_policy(file: &str, doc: &Document, revision: Revision) -> Result<LoadedP
         ))
         .with_field(why.field));
     }
+    let has_canary = spec.rollout.as_ref().is_some_and(|r| r.canary.is_some());
+    // Read only where something needs it, so a status nothing reads is never refused.
+    let stable = if has_canary || revision == Revision::Promoted {
+        recorded_stable(&object).map_err(|message| at(message).with_field(STABLE_FIELD))?
+    } else {
+        None
+    };
+    let canary_open = open_canary(&spec, stable.as_ref(), compiled.template_hash()).is_some();
+    let mode = intree::decide(spec.mode, Some(&compiled), canary_open);
     let compiled = match revision {
         Revision::InForce => compiled,
-        Revision::Promoted => promoted(&name, &object, &spec, compiled).map_err(|e| {
-            let field = e.0;
-            at(e.1).with_field(field)
-        })?,
+        Revision::Promoted => promoted(&name, has_canary, stable, compiled)
+            .map_err(|message| at(message).with_field(STABLE_FIELD))?,
     };
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
         reinvocation: spec.reinvocation_policy,
         compiled,
+        mode,
         file: file.to_owned(),
         document: doc.index,
     })
 }
 
+/// Where a policy read from the cluster records its promoted revision.
+const STABLE_FIELD: &str = "status.rollout.stable";
+
+/// The promoted revision a policy document records, if any.
+fn recorded_stable(object: &Value) -> Result<Option<StableRevision>, String> {
+    object
+        .pointer("/status/rollout/stable")
+        .map(|v| serde_json::from_value(v.clone()))
+        .transpose()
+        .map_err(|e| e.to_string())
+}
+
 /// The promoted revision of a policy read from a file: its `status.rollout.stable`, else the spec
-/// itself when the policy has no canary (then both are the same). (field, message) on error.
+/// itself when the policy has no canary (then both are the same).
 fn promoted(
     name: &str,
-    object: &Value,
-    spec: &InjectionPolicySpec,
+    has_canary: bool,
+    stable: Option<StableRevision>,
     in_force: CompiledPolicy,
-) -> Result<CompiledPolicy, (&'static str, String)> {
-    const FIELD: &str = "status.rollout.stable";
-    let Some(stable) = object.pointer("/status/rollout/stable") else {
-        if spec.rollout.as_ref().is_some_and(|r| r.canary.is_some()) {
-            return Err((
-                FIELD,
+) -> Result<CompiledPolicy, String> {
+    let Some(stable) = stable else {
+        if has_canary {
+            return Err(
                 "--revision promoted: no promoted revision recorded; read the policy from the \
                  cluster (kubectl get injectionpolicy NAME -o yaml) to include its status"
                     .to_owned(),
-            ));
+            );
         }
         return Ok(in_force);
     };
-    let stable: splice_crds::StableRevision =
-        serde_json::from_value(stable.clone()).map_err(|e| (FIELD, e.to_string()))?;
     let spec: InjectionPolicySpec =
-        serde_json::from_value(stable.spec).map_err(|e| (FIELD, e.to_string()))?;
-    CompiledPolicy::compile(name, stable.generation, &spec).map_err(|e| (FIELD, e.to_string()))
+        serde_json::from_value(stable.spec).map_err(|e| e.to_string())?;
+    CompiledPolicy::compile(name, stable.generation, &spec).map_err(|e| e.to_string())
 }
 
 fn yaml_key(key: &serde_yaml::Value) -> String {
@@ -497,25 +520,11 @@ pub(crate) fn pod_security_lines(policies: &[LoadedPolicy]) -> Vec<String> {
         .collect()
 }
 
-/// The mode the cluster would run `compiled` in (`spec.mode`, and under `Auto` whether every
-/// template expression has a CEL equivalent), and when it is the webhook under Auto or InTree,
-/// why.
-pub(crate) fn mode_of(compiled: &CompiledPolicy) -> (splice_crds::Mode, Option<String>) {
-    use splice_crds::Mode;
-    match compiled.spec().mode {
-        Mode::Webhook => (Mode::Webhook, None),
-        Mode::Auto | Mode::InTree => match compiled.in_tree() {
-            Ok(_) => (Mode::InTree, None),
-            Err(why) => (Mode::Webhook, Some(why.to_string())),
-        },
-    }
-}
-
 /// One line per policy: the mode it runs in, and why not in-tree when it could have.
 pub(crate) fn mode_lines(policies: &[LoadedPolicy]) -> Vec<String> {
     policies
         .iter()
-        .map(|p| match mode_of(&p.compiled) {
+        .map(|p| match (p.mode.effective, &p.mode.webhook_only) {
             (splice_crds::Mode::InTree, _) => format!(
                 "policy {}: mode InTree (a MutatingAdmissionPolicy: the API server injects it \
                  itself, before any webhook)",
@@ -747,6 +756,9 @@ pub(crate) enum Outcome {
     Skipped(SkipReason),
     /// The webhook answered with this JSON Patch (an empty array when nothing changed).
     Patched { patch: Value, warnings: Vec<String> },
+    /// The policy failed for this object and its shared entry's call left it out (see
+    /// [`member_failure`]), answering this warning.
+    LeftOut { warning: String },
 }
 
 #[derive(Clone, Debug)]
@@ -763,7 +775,10 @@ pub(crate) struct Step {
 impl Step {
     /// Whether the API server would have called the webhook at all.
     pub fn called(&self) -> bool {
-        matches!(self.outcome, Outcome::Patched { .. })
+        matches!(
+            self.outcome,
+            Outcome::Patched { .. } | Outcome::LeftOut { .. }
+        )
     }
 }
 
@@ -848,14 +863,34 @@ pub(crate) fn call_entry(
                 after.push(None);
                 continue;
             }
-            // Render errors already name the policy and the template field.
-            Err(e @ (EngineError::Render { .. } | EngineError::InvalidRender { .. })) => {
-                return Err(ChainError {
-                    policy: policies[index].name.clone(),
-                    message: e.to_string(),
-                });
+            Err(e) => {
+                let policy = &policies[index];
+                match member_failure(members.len(), policy.compiled.spec().failure_policy) {
+                    MemberFailure::LeftOut => {
+                        let warning = left_out_warning(&policy.name, &e);
+                        steps.push(Step {
+                            policy: index,
+                            pass,
+                            outcome: Outcome::LeftOut { warning },
+                            changed: false,
+                        });
+                        after.push(None);
+                        continue;
+                    }
+                    // Render errors already name the policy and the template field.
+                    MemberFailure::FailsTheCall => {
+                        return Err(match e {
+                            EngineError::Render { .. } | EngineError::InvalidRender { .. } => {
+                                ChainError {
+                                    policy: policy.name.clone(),
+                                    message: e.to_string(),
+                                }
+                            }
+                            other => fail(index, other.to_string()),
+                        });
+                    }
+                }
             }
-            Err(e) => return Err(fail(index, e.to_string())),
         };
         let patch: Value = serde_json::from_slice(&injection.patch).map_err(|e| {
             fail(
@@ -945,7 +980,7 @@ pub(crate) struct Entry {
 /// admission policies run before any webhook), by name, then the webhook entries by configuration
 /// name. Offline there is no availability guard, so the failure policy is the one asked for.
 pub(crate) fn entries(policies: &[LoadedPolicy], splice_namespace: &str) -> Vec<Entry> {
-    let in_tree = |p: &LoadedPolicy| mode_of(&p.compiled).0 == splice_crds::Mode::InTree;
+    let in_tree = |p: &LoadedPolicy| p.mode.effective == splice_crds::Mode::InTree;
     let mut first: Vec<Entry> = policies
         .iter()
         .enumerate()

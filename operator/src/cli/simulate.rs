@@ -183,6 +183,14 @@ fn render_steps(policies: &[LoadedPolicy], steps: &[Step], out: &mut String) {
                     skip_text(*reason)
                 );
             }
+            Outcome::LeftOut { warning } => {
+                let _ = writeln!(
+                    out,
+                    "step {}: {name}{pass}: failed, left out of its entry's call",
+                    i + 1
+                );
+                let _ = writeln!(out, "    warning: {warning}");
+            }
             Outcome::Patched { patch, warnings } => {
                 let ops = patch.as_array().map(Vec::as_slice).unwrap_or_default();
                 if ops.is_empty() {

@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use sha2::{Digest, Sha256};
-use splice_crds::{Canary, FailurePolicy, InjectionPolicySpec, Operation};
+use splice_crds::{Canary, FailurePolicy, InjectionPolicySpec, Operation, StableRevision};
 
 use crate::{CompiledPolicy, Selection};
 
@@ -218,6 +218,21 @@ impl CanaryScope {
                 .object
                 .matches(|k| pod_labels.get(k).map(String::as_str))
     }
+}
+
+/// The policy's canary while it is open: `spec.rollout.canary` is set, a revision was promoted
+/// (`stable`, the status's `rollout.stable`) and the template in force (`template_hash`) is
+/// another. Before any promotion there is nothing to pin, so no canary is open. The controller
+/// (entries, mode, rollout), every replica (what it serves) and the offline commands (mode)
+/// decide with this one function.
+pub fn open_canary<'p>(
+    spec: &'p InjectionPolicySpec,
+    stable: Option<&'p StableRevision>,
+    template_hash: &str,
+) -> Option<(&'p Canary, &'p StableRevision)> {
+    let canary = spec.rollout.as_ref()?.canary.as_ref()?;
+    let stable = stable?;
+    (stable.template_hash != template_hash).then_some((canary, stable))
 }
 
 /// The store key and path name of what a policy's canary gets: the revision in force. Under its
@@ -467,6 +482,34 @@ pub fn selection(policies: &[&CompiledPolicy], operation: Operation) -> Selectio
     }
 }
 
+/// What a policy that fails inside a call (its template cannot be rendered for this pod) does
+/// to the call of its entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberFailure {
+    /// The call fails, and the API server applies the entry's failure policy.
+    FailsTheCall,
+    /// The policy is left out with [`left_out_warning`]; the entry's other policies inject.
+    LeftOut,
+}
+
+/// The one rule for a failing policy, for the webhook and for the offline replay. Alone in its
+/// entry, it fails the call and the API server applies its failure policy. In a shared entry
+/// (`members` counts every policy the call names, loaded or not), one that asks for `Fail` fails
+/// the call too, refusing the pod as its own webhook would; one that asks for `Ignore` is left
+/// out, so the others still inject, as separate webhooks would: sharing an entry must not change
+/// what a pod gets.
+pub fn member_failure(members: usize, requested: FailurePolicy) -> MemberFailure {
+    match requested {
+        FailurePolicy::Ignore if members > 1 => MemberFailure::LeftOut,
+        FailurePolicy::Ignore | FailurePolicy::Fail => MemberFailure::FailsTheCall,
+    }
+}
+
+/// The response warning naming a policy [`member_failure`] left out, and why.
+pub fn left_out_warning(policy: &str, error: &dyn std::fmt::Display) -> String {
+    format!("splice policy {policy} did not inject (failurePolicy Ignore): {error}")
+}
+
 fn terms_id(instance: &str, terms: &Terms) -> String {
     let mut hash = Sha256::new();
     hash.update(instance.as_bytes());
@@ -480,6 +523,53 @@ fn terms_id(instance: &str, terms: &Terms) -> String {
 mod tests {
     use super::*;
     use splice_crds::ReinvocationPolicy;
+
+    #[test]
+    fn a_failing_policy_fails_the_call_alone_or_under_fail_and_is_left_out_of_a_shared_ignore_entry()
+     {
+        use MemberFailure::{FailsTheCall, LeftOut};
+        assert_eq!(member_failure(1, FailurePolicy::Ignore), FailsTheCall);
+        assert_eq!(member_failure(1, FailurePolicy::Fail), FailsTheCall);
+        assert_eq!(member_failure(2, FailurePolicy::Fail), FailsTheCall);
+        assert_eq!(member_failure(2, FailurePolicy::Ignore), LeftOut);
+        assert_eq!(member_failure(MAX_MEMBERS, FailurePolicy::Ignore), LeftOut);
+        let warning = left_out_warning("b-broken", &"spec.template.env[0].value: undefined");
+        assert_eq!(
+            warning,
+            "splice policy b-broken did not inject (failurePolicy Ignore): \
+             spec.template.env[0].value: undefined"
+        );
+    }
+
+    #[test]
+    fn a_canary_is_open_only_with_a_promoted_revision_other_than_the_template_in_force() {
+        let spec = |canary: bool| {
+            let mut spec = InjectionPolicySpec::default();
+            let yaml = if canary {
+                "canary: {objectSelector: {matchLabels: {track: canary}}}"
+            } else {
+                "{}"
+            };
+            spec.rollout = Some(serde_yaml::from_str(yaml).unwrap());
+            spec
+        };
+        let promoted = StableRevision {
+            template_hash: "old".into(),
+            generation: 1,
+            spec: serde_json::json!({}),
+        };
+        let with_canary = spec(true);
+        let (canary, stable) = open_canary(&with_canary, Some(&promoted), "new").unwrap();
+        assert!(canary.object_selector.is_some());
+        assert_eq!(stable.template_hash, "old");
+        // Promoted already: the template in force is the pinned one.
+        assert!(open_canary(&with_canary, Some(&promoted), "old").is_none());
+        // Nothing promoted yet: nothing to pin.
+        assert!(open_canary(&with_canary, None, "new").is_none());
+        // No canary asked for.
+        assert!(open_canary(&spec(false), Some(&promoted), "new").is_none());
+        assert!(open_canary(&InjectionPolicySpec::default(), Some(&promoted), "new").is_none());
+    }
 
     #[test]
     fn same_selector_agrees_with_the_canonical_text() {

@@ -18,7 +18,7 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
-use splice_crds::{Operation, STATUS_ANNOTATION};
+use splice_crds::{Mode, Operation, STATUS_ANNOTATION};
 
 use super::CompiledPolicy;
 use super::template::{Hole, Seg, TemplateItem, TemplateString};
@@ -43,6 +43,61 @@ impl std::fmt::Display for WebhookOnly {
 }
 
 impl std::error::Error for WebhookOnly {}
+
+/// The mode a policy runs in, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModeDecision {
+    pub requested: Mode,
+    /// `Webhook` or `InTree`, never `Auto`.
+    pub effective: Mode,
+    /// The CEL the API server runs, when the policy runs in-tree.
+    pub program: Option<InTreeProgram>,
+    /// Why the webhook serves it, when the spec asked for `Auto` or `InTree`.
+    pub webhook_only: Option<WebhookOnly>,
+}
+
+/// Decides the mode of the revision in force (`compiled`; `None` when nothing compiles, and
+/// then nothing is served either way). The controller (its reconcile and the entries it plans)
+/// and every offline command decide with this one function, so `splice explain` says what the
+/// cluster does.
+///
+/// While a canary is open (`canary_open`, see [`crate::entry::open_canary`]) the policy serves
+/// two revisions split between webhook entries, which one MutatingAdmissionPolicy cannot do: it
+/// runs on the webhook until the promotion.
+pub fn decide(
+    requested: Mode,
+    compiled: Option<&CompiledPolicy>,
+    canary_open: bool,
+) -> ModeDecision {
+    let webhook = |webhook_only| ModeDecision {
+        requested,
+        effective: Mode::Webhook,
+        program: None,
+        webhook_only,
+    };
+    let compiled = match (requested, compiled) {
+        (Mode::Webhook, _) | (_, None) => return webhook(None),
+        (Mode::Auto | Mode::InTree, Some(c)) => c,
+    };
+    if canary_open {
+        return webhook(Some(WebhookOnly {
+            field: "spec.rollout.canary".into(),
+            expression: None,
+            reason: "an open canary serves two revisions, split between webhook entries; \
+                     in-tree again once it is promoted"
+                .into(),
+        }));
+    }
+    match compiled.in_tree() {
+        Ok(program) => ModeDecision {
+            requested,
+            effective: Mode::InTree,
+            program: Some(program),
+            webhook_only: None,
+        },
+        Err(why) => webhook(Some(why)),
+    }
+}
 
 /// A named CEL expression of the MutatingAdmissionPolicy (`spec.variables`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -759,6 +814,65 @@ mod tests {
         assert_eq!(
             literal(&v, &mut Vec::new(), &refs),
             "{\"name\": dyn(\"x\"), \"ports\": dyn([dyn({\"containerPort\": dyn(80)})]), \"env\": dyn([dyn({\"value\": dyn(request.namespace)})])}"
+        );
+    }
+
+    #[test]
+    fn a_policy_of_plain_references_runs_in_tree_under_auto_and_on_the_webhook_when_asked() {
+        let c = compiled(
+            "template: {env: [{name: NS, value: \"ns={{ namespace.name }}\"}], \
+             annotations: {team: \"{{ namespace.labels.team }}\"}}",
+        );
+        let auto = decide(Mode::Auto, Some(&c), false);
+        assert_eq!(auto.effective, Mode::InTree);
+        assert!(auto.program.as_ref().unwrap().patch.contains("JSONPatch"));
+        assert_eq!(auto.webhook_only, None);
+        let asked = decide(Mode::Webhook, Some(&c), false);
+        assert_eq!(
+            (asked.effective, asked.program, asked.webhook_only),
+            (Mode::Webhook, None, None)
+        );
+    }
+
+    #[test]
+    fn a_filter_keeps_the_webhook_and_the_reason_names_the_field_and_the_expression() {
+        let c = compiled(
+            "template: {containers: [{name: p, image: i, env: [{name: X, value: \"{{ namespace.name | upper }}\"}]}]}",
+        );
+        let d = decide(Mode::Auto, Some(&c), false);
+        assert_eq!(d.effective, Mode::Webhook);
+        let why = d.webhook_only.unwrap().to_string();
+        assert!(
+            why.contains("spec.template.containers[0].env[0].value"),
+            "{why}"
+        );
+        assert!(why.contains("{{ namespace.name | upper }}"), "{why}");
+    }
+
+    #[test]
+    fn an_open_canary_keeps_an_auto_or_in_tree_policy_on_the_webhook_and_says_so() {
+        let c = compiled("template: {labels: {a: b}}");
+        for requested in [Mode::Auto, Mode::InTree] {
+            let d = decide(requested, Some(&c), true);
+            assert_eq!((d.requested, d.effective), (requested, Mode::Webhook));
+            assert_eq!(d.program, None);
+            let why = d.webhook_only.unwrap();
+            assert_eq!(why.field, "spec.rollout.canary");
+            assert!(
+                why.reason.contains("in-tree again once it is promoted"),
+                "{why}"
+            );
+        }
+        // Asked for the webhook, the canary is no reason: it was asked for.
+        assert_eq!(decide(Mode::Webhook, Some(&c), true).webhook_only, None);
+    }
+
+    #[test]
+    fn nothing_in_force_is_no_mode_but_the_webhook_with_no_reason() {
+        let d = decide(Mode::InTree, None, false);
+        assert_eq!(
+            (d.effective, d.program, d.webhook_only),
+            (Mode::Webhook, None, None)
         );
     }
 

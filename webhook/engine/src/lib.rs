@@ -35,7 +35,7 @@ pub use inject::{
     Decision, Exclusions, Injection, NamespaceContext, PodRequest, Selection, SkipReason, inject,
     inject_and_apply,
 };
-pub use intree::{CelVariable, InTreeProgram, WebhookOnly};
+pub use intree::{CelVariable, InTreeProgram, ModeDecision, WebhookOnly};
 #[cfg(feature = "serde-oracle")]
 pub use pod::oracle_check_views;
 pub use pod::{Pod, provenance};

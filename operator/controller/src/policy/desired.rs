@@ -12,10 +12,11 @@ use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
 
 use super::conditions::{FailurePolicyDecision, effective_failure_policy};
 use super::conflicts::{Conflict, conflicts_of};
-use super::intree::{self, ModeDecision};
+use super::intree;
 use super::neighbours::Stamp;
 use super::serving::{InForce, ServedEntry, ServedSpecs, in_force, open_canary};
 use crate::guard::GuardStatus;
+use splice_engine::ModeDecision;
 use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
 
 /// What the leader knows of the cluster when it decides one policy.
@@ -75,7 +76,8 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
         .compiled()
         .and_then(|c| open_canary(policy, c.template_hash()))
         .map(|(canary, _)| canary.clone());
-    let mode = intree::decide(served.spec.mode, in_force.compiled(), canary.is_some());
+    let mode =
+        splice_engine::intree::decide(served.spec.mode, in_force.compiled(), canary.is_some());
     let failure_policy = match &mode.program {
         Some(_) => intree::failure_policy(served.spec.failure_policy),
         None => effective_failure_policy(served.spec.failure_policy, world.guard),

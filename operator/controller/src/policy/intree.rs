@@ -1,5 +1,6 @@
-//! Pure: which mode a policy runs in, the MutatingAdmissionPolicy and binding of an in-tree
-//! policy, and what its status says about the mode.
+//! Pure: the MutatingAdmissionPolicy and binding of an in-tree policy, its failure policy, and
+//! what its status says about the mode. Which mode a policy runs in is the engine's decision
+//! ([`splice_engine::intree::decide`]), which the offline commands make too.
 //!
 //! In-tree, the API server computes the injection itself from the CEL the engine derives from the
 //! templates ([`splice_engine::intree`]): nothing on the request path depends on Splice, so the
@@ -19,7 +20,7 @@ use splice_crds::{
     ConditionStatus, FailurePolicy, InjectionPolicy, InjectionPolicyStatus, MANAGED_BY_LABEL,
     MANAGER, Mode, condition, set_condition,
 };
-use splice_engine::{CompiledPolicy, InTreeProgram, WebhookOnly};
+use splice_engine::{InTreeProgram, ModeDecision};
 
 use super::conditions::FailurePolicyDecision;
 use super::render::{MAX_POLICY_NAME_LEN, RenderError, namespace_selector, object_selector};
@@ -27,60 +28,6 @@ use super::render::{MAX_POLICY_NAME_LEN, RenderError, namespace_selector, object
 /// Name of the MutatingAdmissionPolicy, and of its binding, that serve `policy` in-tree.
 pub fn admission_policy_name(policy: &str) -> String {
     format!("splice-{policy}")
-}
-
-/// The mode a policy runs in, and why.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ModeDecision {
-    pub requested: Mode,
-    /// `Webhook` or `InTree`.
-    pub effective: Mode,
-    /// The CEL of the policy, when it runs in-tree.
-    pub program: Option<InTreeProgram>,
-    /// Why it does not, when the spec could have asked for it (Auto or InTree).
-    pub webhook_only: Option<WebhookOnly>,
-}
-
-/// Decides the mode of the generation in force (`compiled`; `None` when nothing compiles, and
-/// nothing is served either way).
-/// While a canary is open (`canary_open`) the policy serves two revisions, split by webhook
-/// entries, so it runs on the webhook until the promotion.
-pub fn decide(
-    requested: Mode,
-    compiled: Option<&CompiledPolicy>,
-    canary_open: bool,
-) -> ModeDecision {
-    let verdict = match (requested, compiled) {
-        (Mode::Webhook, _) | (_, None) => None,
-        (Mode::Auto | Mode::InTree, Some(_)) if canary_open => Some(Err(WebhookOnly {
-            field: "spec.rollout.canary".into(),
-            expression: None,
-            reason: "an open canary serves two revisions, split between webhook entries; \
-                     in-tree again once it is promoted"
-                .into(),
-        })),
-        (Mode::Auto | Mode::InTree, Some(c)) => Some(c.in_tree()),
-    };
-    match verdict {
-        Some(Ok(program)) => ModeDecision {
-            requested,
-            effective: Mode::InTree,
-            program: Some(program),
-            webhook_only: None,
-        },
-        Some(Err(why)) => ModeDecision {
-            requested,
-            effective: Mode::Webhook,
-            program: None,
-            webhook_only: Some(why),
-        },
-        None => ModeDecision {
-            requested,
-            effective: Mode::Webhook,
-            program: None,
-            webhook_only: None,
-        },
-    }
 }
 
 /// In-tree, the requested failure policy is in force as it is: no network, no replicas and no
@@ -317,6 +264,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use splice_crds::{InjectionPolicySpec, OPT_OUT_LABEL, Operation};
+    use splice_engine::CompiledPolicy;
 
     fn policy(spec_yaml: &str) -> (InjectionPolicy, CompiledPolicy) {
         let spec: InjectionPolicySpec = serde_yaml::from_str(spec_yaml).unwrap();
@@ -336,34 +284,6 @@ template:
   env: [{name: NS, value: "ns={{ namespace.name }}"}]
   annotations: {team: "{{ namespace.labels.team }}"}
 "#;
-
-    #[test]
-    fn a_policy_of_plain_references_runs_in_tree_under_auto_and_webhook_when_asked() {
-        let (_, c) = policy(SIDECAR);
-        let auto = decide(Mode::Auto, Some(&c), false);
-        assert_eq!(auto.effective, Mode::InTree);
-        assert!(auto.program.as_ref().unwrap().patch.contains("JSONPatch"));
-        let forced = decide(Mode::Webhook, Some(&c), false);
-        assert_eq!((forced.effective, forced.program), (Mode::Webhook, None));
-    }
-
-    #[test]
-    fn a_filter_keeps_the_webhook_and_the_reason_names_the_field_and_the_expression() {
-        let (_, c) = policy(
-            r#"
-template:
-  containers: [{name: proxy, image: "p", env: [{name: X, value: "{{ namespace.name | upper }}"}]}]
-"#,
-        );
-        let d = decide(Mode::Auto, Some(&c), false);
-        assert_eq!(d.effective, Mode::Webhook);
-        let why = d.webhook_only.unwrap().to_string();
-        assert!(
-            why.contains("spec.template.containers[0].env[0].value"),
-            "{why}"
-        );
-        assert!(why.contains("{{ namespace.name | upper }}"), "{why}");
-    }
 
     #[test]
     fn the_admission_policy_matches_what_the_webhook_would_be_called_for() {

@@ -127,7 +127,7 @@ impl ServedSpecs {
         // A policy running in-tree is served by its MutatingAdmissionPolicy, not by a webhook.
         let served = in_force(policy).into_compiled().and_then(|c| {
             let canary = open_canary(policy, c.template_hash()).map(|(canary, _)| canary.clone());
-            let in_tree = super::intree::decide(c.spec().mode, Some(&c), canary.is_some())
+            let in_tree = splice_engine::intree::decide(c.spec().mode, Some(&c), canary.is_some())
                 .program
                 .is_some();
             (!in_tree).then(|| {
@@ -159,17 +159,14 @@ pub fn stable(policy: &InjectionPolicy) -> Option<&StableRevision> {
     policy.status.as_ref()?.rollout.as_ref()?.stable.as_ref()
 }
 
-/// The policy's canary while it is open: `spec.rollout.canary` is set, a revision was promoted,
-/// and the template in force (`template_hash`) is another. Before any promotion there is
-/// nothing to pin, so no canary is open. The leader (entries, rollout) and every replica (what
-/// it serves) decide with this one function.
+/// The policy's canary while it is open, as [`splice_engine::entry::open_canary`] decides from
+/// its spec and its promoted revision: the leader (entries, mode, rollout), every replica (what
+/// it serves) and the CLI decide with that one function.
 pub fn open_canary<'p>(
     policy: &'p InjectionPolicy,
     template_hash: &str,
 ) -> Option<(&'p Canary, &'p StableRevision)> {
-    let canary = policy.spec.rollout.as_ref()?.canary.as_ref()?;
-    let stable = stable(policy)?;
-    (stable.template_hash != template_hash).then_some((canary, stable))
+    splice_engine::entry::open_canary(&policy.spec, stable(policy), template_hash)
 }
 
 /// The promoted revision's spec, compiled, while `policy`'s canary is open.

@@ -15,8 +15,9 @@ use crate::admission::{self, Review};
 use crate::metrics::{AdmissionMetrics, Metrics, Outcome};
 use crate::server::{WebhookConfig, validate};
 use crate::store::{NamespaceStore, PolicyStore, namespace_context};
-use splice_crds::FailurePolicy;
-use splice_engine::entry::{EntryPath, MAX_MEMBERS, selection};
+use splice_engine::entry::{
+    EntryPath, MAX_MEMBERS, MemberFailure, left_out_warning, member_failure, selection,
+};
 use splice_engine::{
     CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, SkipReason,
 };
@@ -335,9 +336,8 @@ impl Handler {
     }
 
     /// Admits a pod through the policies of one webhook entry, in the entry's order, answering one
-    /// patch. A policy that fails fails the call (so the API server applies the entry's failure
-    /// policy) when it is alone or asks for `Fail`; in a shared entry of `Ignore` policies it is
-    /// left out with a warning and the others still inject, as separate webhooks would.
+    /// patch. A policy that fails fails the call or is left out with a warning, as
+    /// [`member_failure`] decides (the offline replay decides with it too).
     async fn admit(&self, members: &[Member<'_>], body: &[u8]) -> (HttpResponse, Outcomes) {
         let review = match admission::parse_review(body) {
             Ok(review) => review,
@@ -454,13 +454,11 @@ impl Handler {
                         detail,
                         "injection failed; the API server applies the webhook's failure policy"
                     );
-                    if members.len() == 1 || policy.spec().failure_policy == FailurePolicy::Fail {
-                        fatal.get_or_insert(e);
-                    } else {
-                        warnings.push(format!(
-                            "splice policy {} did not inject (failurePolicy Ignore): {e}",
-                            member.name
-                        ));
+                    match member_failure(members.len(), policy.spec().failure_policy) {
+                        MemberFailure::FailsTheCall => {
+                            fatal.get_or_insert(e);
+                        }
+                        MemberFailure::LeftOut => warnings.push(left_out_warning(member.name, &e)),
                     }
                     Outcome::Error
                 }
