@@ -121,6 +121,7 @@ pub struct Metrics {
     /// Policies whose rollout is exported now.
     rolling: Mutex<HashSet<String>>,
     values_problem: Family<PolicyLabel, Gauge>,
+    not_enforced: Family<PolicyLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -154,6 +155,7 @@ impl Metrics {
             rollout: Family::default(),
             rolling: Mutex::new(HashSet::new()),
             values_problem: Family::default(),
+            not_enforced: Family::default(),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -206,6 +208,11 @@ impl Metrics {
             "1 while a policy's spec.valuesFrom cannot be rendered (a source missing, outside the allowed namespaces, or data a template cannot render); the last good rendering keeps serving",
             metrics.values_problem.clone(),
         );
+        registry.register(
+            "splice_policy_not_enforced",
+            "1 while the API server is not seen enforcing a served policy's generation (Ready AwaitingEnforcement or NotEnforced), else 0",
+            metrics.not_enforced.clone(),
+        );
         metrics
     }
 
@@ -217,6 +224,15 @@ impl Metrics {
                 policy: policy.to_owned(),
             })
             .set(i64::from(problem));
+    }
+
+    /// Records whether the API server is not (yet) seen enforcing `policy`'s generation.
+    pub fn set_not_enforced(&self, policy: &str, not_enforced: bool) {
+        self.not_enforced
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(not_enforced));
     }
 
     /// Records whether this replica leads now.

@@ -95,6 +95,8 @@ pub(crate) struct PolicyInput {
     pub compiled: Result<CompiledPolicy, String>,
     /// The admission probe's last result, from the policy's status (online only).
     pub probe: Option<ProbeReport>,
+    /// Its Ready condition: whether the API server is seen enforcing it (online only).
+    pub ready: Option<ReadyReport>,
     /// The webhook configuration serving it, from its status (online only; offline it is
     /// planned as Splice would).
     pub entry: Option<String>,
@@ -188,6 +190,45 @@ impl ProbeReport {
     }
 }
 
+/// A policy's Ready condition: Ready is True for a generation only once the API server is seen
+/// enforcing it, so a False (or an older `observedGeneration`) says what it still waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct ReadyReport {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// The generation Ready speaks of, and the policy's own.
+    pub observed_generation: Option<i64>,
+    pub generation: Option<i64>,
+    /// `status.enforcement.evidence`: `Probe` or `SettleTime`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evidence: Option<String>,
+}
+
+impl ReadyReport {
+    pub fn from_policy(policy: &splice_crds::InjectionPolicy) -> Option<Self> {
+        let status = policy.status.as_ref()?;
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == splice_crds::condition::READY)?;
+        Some(ReadyReport {
+            status: c.status.clone(),
+            reason: c.reason.clone(),
+            message: c.message.clone(),
+            observed_generation: c.observed_generation,
+            generation: policy.metadata.generation,
+            evidence: status.enforcement.as_ref().map(|e| e.evidence.clone()),
+        })
+    }
+
+    /// True when Ready says the API server enforces the policy's current generation.
+    fn enforced(&self) -> bool {
+        self.status == "True" && self.observed_generation == self.generation
+    }
+}
+
 /// Everything [`explain`] needs, from the cluster or from files.
 pub(crate) struct Inputs {
     /// `Pod shop/web`, for the heading and errors.
@@ -245,6 +286,9 @@ pub(crate) struct PolicyReport {
     /// The admission probe's last result for the policy (online only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub probe: Option<ProbeReport>,
+    /// Its Ready condition (online only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ready: Option<ReadyReport>,
     /// The webhook entry serving the policy (absent when none does: paused or invalid).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_entry: Option<EntryReport>,
@@ -295,6 +339,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 },
                 injected,
                 probe: p.probe.clone(),
+                ready: p.ready.clone(),
                 webhook_entry,
                 revision: None,
             },
@@ -333,6 +378,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     injection: why::injection_state(compiled, &single),
                     injected,
                     probe: p.probe.clone(),
+                    ready: p.ready.clone(),
                     webhook_entry,
                     revision: p.canary.as_ref().map(|c| {
                         let in_canary = CanaryScope::of(&c.selectors)
@@ -555,6 +601,29 @@ fn render_table(report: &Report) -> String {
             let _ = writeln!(out, "  {}: {}", e.configuration, e.order.join(" → "));
         }
     }
+    let waiting: Vec<(&str, &ReadyReport)> = report
+        .policies
+        .iter()
+        .filter_map(|p| p.ready.as_ref().map(|r| (p.name.as_str(), r)))
+        .filter(|(_, r)| !r.enforced())
+        .collect();
+    if !waiting.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNot Ready for their current generation (a pod created now may not get it):"
+        );
+    }
+    for (name, r) in waiting {
+        let _ = writeln!(
+            out,
+            "  {name}: Ready={} {} (generation {}, policy at {}): {}",
+            r.status,
+            r.reason,
+            r.observed_generation.unwrap_or_default(),
+            r.generation.unwrap_or_default(),
+            r.message
+        );
+    }
     let probed: Vec<(&str, &ProbeReport)> = report
         .policies
         .iter()
@@ -660,6 +729,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             paused: false,
             compiled: Ok(p.compiled),
             probe: None,
+            ready: None,
             entry: None,
             canary: None,
             mode: Some(p.mode),
@@ -673,6 +743,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
             paused: true,
             compiled: Ok(p.compiled),
             probe: None,
+            ready: None,
             entry: None,
             canary: None,
             mode: Some(p.mode),
@@ -789,6 +860,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
                 compiled,
                 paused: p.spec.paused,
                 probe: ProbeReport::from_status(p.status.as_ref()),
+                ready: ReadyReport::from_policy(p),
                 entry: p
                     .status
                     .as_ref()
@@ -887,6 +959,7 @@ mod tests {
                 .map(|c| splice_engine::intree::decide(spec.mode, Some(c), false)),
             compiled,
             probe: None,
+            ready: None,
             entry: None,
             canary: None,
         }
@@ -1096,6 +1169,56 @@ mod tests {
             json["policies"][0]["probe"]["reason"],
             "RejectedByAdmission"
         );
+    }
+
+    #[test]
+    fn a_policy_the_api_server_is_not_seen_enforcing_is_named_with_what_ready_waits_for() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let policy = |generation: i64, status: &str, reason: &str, message: &str| {
+            let mut p: splice_crds::InjectionPolicy = serde_json::from_value(serde_json::json!({
+                "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+                "metadata": {"name": "x", "generation": generation},
+                "spec": {"template": {}}
+            }))
+            .unwrap();
+            p.status = Some(splice_crds::InjectionPolicyStatus {
+                conditions: vec![Condition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: message.into(),
+                    observed_generation: Some(1),
+                    last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                }],
+                ..Default::default()
+            });
+            p
+        };
+        let mut mesh = input("mesh", "{}\n", false);
+        mesh.ready = ReadyReport::from_policy(&policy(
+            1,
+            "False",
+            "NotEnforced",
+            "a dry-run pod came back without the injection",
+        ));
+        let mut logs = input("logs", "{}\n", false);
+        logs.ready = ReadyReport::from_policy(&policy(2, "True", "Configured", "gen 1 in force"));
+        let mut quiet = input("quiet", "{}\n", false);
+        quiet.ready = ReadyReport::from_policy(&policy(1, "True", "Configured", "fine"));
+        let pod = serde_json::json!({"spec": {"containers": [{"name": "app"}]}});
+        let table = render_table(&explain(&inputs("shop", pod, vec![mesh, logs, quiet])).unwrap());
+        assert!(
+            table.contains(
+                "mesh: Ready=False NotEnforced (generation 1, policy at 1): a dry-run pod came \
+                 back without the injection"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("logs: Ready=True Configured (generation 1, policy at 2)"),
+            "True for an earlier generation is not Ready for this one: {table}"
+        );
+        assert!(!table.contains("quiet: Ready"), "{table}");
     }
 
     #[test]

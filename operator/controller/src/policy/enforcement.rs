@@ -25,6 +25,8 @@ pub const SETTLE: Duration = Duration::from_secs(3);
 pub const NOT_ENFORCED_AFTER: Duration = Duration::from_secs(30);
 const FIRST_RETRY: Duration = Duration::from_millis(200);
 const MAX_RETRY: Duration = Duration::from_secs(2);
+/// Looks taken at [`FIRST_RETRY`] before the retry backs off.
+const STEADY_LOOKS: u32 = 10;
 /// How often a generation that is not enforced is looked at again.
 const NOT_ENFORCED_RETRY: Duration = Duration::from_secs(10);
 
@@ -234,10 +236,10 @@ fn until(now: Timestamp, then: Timestamp) -> Duration {
         .max(Duration::from_millis(10))
 }
 
+/// Every 200 ms for the first 2 s (an admission policy loads within about 1 s), then doubling.
 fn backoff(looks: u32) -> Duration {
-    FIRST_RETRY
-        .saturating_mul(1u32 << looks.min(8))
-        .min(MAX_RETRY)
+    let doublings = looks.saturating_sub(STEADY_LOOKS - 1).min(8);
+    FIRST_RETRY.saturating_mul(1u32 << doublings).min(MAX_RETRY)
 }
 
 /// The sentence Ready's message ends with for an enforced generation: read back from
@@ -468,16 +470,16 @@ mod tests {
     }
 
     #[test]
-    fn retries_back_off_from_200_ms_to_2_s() {
+    fn retries_come_every_200_ms_for_2_s_then_back_off_to_2_s() {
         let mut a = awaiting("2026-01-01T00:00:00Z");
         let s = pod(None, "2026-01-01T00:00:00Z");
         let mut seen = Vec::new();
-        for looks in 0..6 {
+        for looks in 8..16 {
             a.looks = looks;
             seen.push(judge(2, &["h2"], &a, &s, t("2026-01-01T00:00:01Z")).retry());
         }
         let ms: Vec<u128> = seen.into_iter().flatten().map(|d| d.as_millis()).collect();
-        assert_eq!(ms, [200, 400, 800, 1600, 2000, 2000]);
+        assert_eq!(ms, [200, 200, 400, 800, 1600, 2000, 2000, 2000]);
     }
 
     fn computed(message: &str) -> InjectionPolicyStatus {

@@ -443,6 +443,10 @@ async fn report(
         _ => Known::NotApplicable,
     };
     enforcement::gate(&mut status, current.as_ref(), generation, &known, now);
+    ctx.metrics.set_not_enforced(
+        &name,
+        matches!(known, Known::Judged(v) if !matches!(v, Verdict::Enforced(_))),
+    );
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
