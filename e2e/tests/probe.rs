@@ -183,7 +183,27 @@ async fn a_webhook_the_api_server_cannot_reach_is_reported_not_injected() -> Res
         }),
     )
     .await?;
-    wait_policy(&s.client, &name, "True", Duration::from_secs(60)).await?;
+    // Ready never turns True: the reconcile's own dry-run pod shows the API server admitting
+    // pods without the injection, and after 30 s Ready says so.
+    let not_ready = wait_policy(&s.client, &name, "False", Duration::from_secs(60)).await?;
+    let ready = condition(&not_ready, "Ready").context("Ready")?;
+    ensure!(
+        ready.reason == "AwaitingEnforcement" || ready.reason == "NotEnforced",
+        "{ready:?}"
+    );
+    wait_until(
+        Duration::from_secs(60),
+        "Ready=False NotEnforced",
+        || async {
+            let p = Api::<InjectionPolicy>::all(s.client.clone())
+                .get(&name)
+                .await?;
+            Ok(condition(&p, "Ready").is_some_and(|c| {
+                c.reason == "NotEnforced" && c.message.contains("came back without the injection")
+            }))
+        },
+    )
+    .await?;
 
     let (p, c) = verdict(&s, &name, "NotInjected").await?;
     println!("Verified: {}: {}", c.reason, c.message);

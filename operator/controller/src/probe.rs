@@ -26,6 +26,7 @@ use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, con
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use crate::coverage::{Namespaces, Policies};
+use crate::policy::enforcement;
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
 };
@@ -71,7 +72,8 @@ pub struct Config {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Eligibility {
     Probe,
-    /// Paused, or not Ready at its current generation: a Verified left from before would mislead.
+    /// Paused, or not Ready at its current generation for another reason than the API server's
+    /// evidence: a Verified left from before would mislead.
     Clear,
     /// The reconciler has not looked at this generation yet.
     Wait,
@@ -92,8 +94,15 @@ fn eligibility(policy: &InjectionPolicy) -> Eligibility {
         .iter()
         .find(|c| c.type_ == condition::READY)
         .map(|c| c.status.as_str());
+    let waits_for_evidence = status.conditions.iter().any(|c| {
+        c.type_ == condition::READY
+            && (c.reason == enforcement::REASON_AWAITING
+                || c.reason == enforcement::REASON_NOT_ENFORCED)
+    });
     match ready {
         Some("True") => Eligibility::Probe,
+        // Written but not seen enforced: the probe says what the API server does with it.
+        Some(_) if waits_for_evidence => Eligibility::Probe,
         Some(_) => Eligibility::Clear,
         None => Eligibility::Wait,
     }
@@ -618,5 +627,60 @@ async fn warn(recorder: &Recorder, policy: &InjectionPolicy, j: &Judgement) {
     };
     if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
         tracing::warn!(policy = %policy.name_any(), error = %e, "could not publish the probe's Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn policy(paused: bool, ready: Option<(&str, &str)>, observed: i64) -> InjectionPolicy {
+        let mut p: InjectionPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+            "metadata": {"name": "p", "generation": 2},
+            "spec": {"template": {}, "paused": paused}
+        }))
+        .unwrap();
+        p.status = Some(InjectionPolicyStatus {
+            observed_generation: Some(observed),
+            conditions: ready
+                .map(|(status, reason)| Condition {
+                    type_: condition::READY.into(),
+                    status: status.into(),
+                    reason: reason.into(),
+                    message: String::new(),
+                    observed_generation: Some(observed),
+                    last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                })
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn ready_policies_and_those_waiting_for_the_api_servers_evidence_are_probed() {
+        let e = |paused, ready, observed| eligibility(&policy(paused, ready, observed));
+        assert_eq!(
+            e(false, Some(("True", "Configured")), 2),
+            Eligibility::Probe
+        );
+        assert_eq!(
+            e(false, Some(("False", enforcement::REASON_NOT_ENFORCED)), 2),
+            Eligibility::Probe
+        );
+        assert_eq!(
+            e(false, Some(("False", enforcement::REASON_AWAITING)), 2),
+            Eligibility::Probe
+        );
+        assert_eq!(
+            e(false, Some(("False", "InvalidTemplate")), 2),
+            Eligibility::Clear
+        );
+        assert_eq!(e(true, Some(("True", "Configured")), 2), Eligibility::Clear);
+        assert_eq!(e(false, Some(("True", "Configured")), 1), Eligibility::Wait);
+        assert_eq!(e(false, None, 2), Eligibility::Wait);
     }
 }
