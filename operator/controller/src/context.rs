@@ -12,13 +12,13 @@ use kube::{Client, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
 use tokio::sync::watch;
 
-use crate::certs::{Serving, rotation};
+use crate::certs::{ServingCert, rotation};
 use crate::guard;
 use crate::leader::{Leadership, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::policy::error::Error;
 use crate::policy::render::ClientTarget;
-use crate::policy::{enforcement, neighbours, serving};
+use crate::policy::{enforcement, in_force, neighbours};
 use crate::values::ValuesCache;
 
 /// Everything `splice run` is configured with.
@@ -74,14 +74,14 @@ pub struct Context {
     /// Why Splice cannot keep its certificates (a Secret it did not create), if it cannot.
     pub certificate_problem: watch::Receiver<Option<String>>,
     /// The certificate this replica serves (its NotAfter goes into every status).
-    pub serving: watch::Receiver<Serving>,
+    pub serving: watch::Receiver<ServingCert>,
     /// Who conflicted with whom at the last reconcile, so a spec change re-reconciles only the
     /// policies whose conflicts it can change.
     pub neighbours: Arc<neighbours::Neighbours>,
     /// What tells this Splice's shared webhook entries from another instance's in the cluster.
     pub instance: String,
     /// The spec each policy serves, for grouping policies into shared webhook entries.
-    pub served: serving::ServedSpecs,
+    pub entry_specs: in_force::EntrySpecs,
     /// The data of `valuesFrom`, to report a missing source in Ready.
     pub values: Arc<ValuesCache>,
     /// The leader's namespace watch, to pick where a dry-run pod shows a generation enforced.
@@ -101,75 +101,53 @@ struct WrittenStatus {
     status: InjectionPolicyStatus,
 }
 
+/// Every input a [`Context`] is built from, each required: a forgotten one is a compile error,
+/// not a placeholder that silently stays (tests build theirs with [`ContextParts::for_tests`]).
+pub struct ContextParts {
+    pub client: Client,
+    pub policies: Store<InjectionPolicy>,
+    pub ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    pub metrics: Arc<Metrics>,
+    pub leading: Leadership,
+    pub guard: watch::Receiver<guard::GuardStatus>,
+    pub certificate_problem: watch::Receiver<Option<String>>,
+    pub serving: watch::Receiver<ServingCert>,
+    pub neighbours: Arc<neighbours::Neighbours>,
+    pub values: Arc<ValuesCache>,
+    pub namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+}
+
 impl Context {
-    pub fn new(
-        client: Client,
-        settings: &Settings,
-        policies: Store<InjectionPolicy>,
-        ca_bundle: watch::Receiver<Option<Arc<String>>>,
-        metrics: Arc<Metrics>,
-        leading: Leadership,
-        namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
-    ) -> Self {
+    pub fn new(settings: &Settings, parts: ContextParts) -> Self {
         let reporter = Reporter {
             controller: MANAGER.to_owned(),
             instance: Some(settings.lease.identity.clone()),
         };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
+            recorder: Recorder::new(parts.client.clone(), reporter),
+            client: parts.client,
             namespace: settings.namespace.clone(),
             target: settings.target.clone(),
-            policies,
-            ca_bundle,
-            metrics,
-            leading,
-            // Until a guard is attached, `Fail` is never in force.
-            guard: watch::channel(guard::GuardStatus::not_observed()).1,
-            certificate_problem: watch::channel(None).1,
-            serving: watch::channel(Serving::default()).1,
-            // Without a controller reading the queue, requeues go nowhere.
-            neighbours: Arc::new(neighbours::Neighbours::new().0),
+            policies: parts.policies,
+            ca_bundle: parts.ca_bundle,
+            metrics: parts.metrics,
+            leading: parts.leading,
+            guard: parts.guard,
+            certificate_problem: parts.certificate_problem,
+            serving: parts.serving,
+            neighbours: parts.neighbours,
             instance: format!(
                 "{}/{}",
                 settings.namespace,
                 settings.policy_selector.as_deref().unwrap_or_default()
             ),
-            served: serving::ServedSpecs::default(),
-            values: Arc::new(ValuesCache::new(
-                settings.values_namespaces.clone(),
-                settings.namespace.clone(),
-            )),
-            namespaces,
+            entry_specs: in_force::EntrySpecs::default(),
+            values: parts.values,
+            namespaces: parts.namespaces,
             awaiting: Mutex::default(),
             failures: Mutex::default(),
             written: Mutex::default(),
         }
-    }
-
-    pub fn with_values(mut self, values: Arc<ValuesCache>) -> Self {
-        self.values = values;
-        self
-    }
-
-    pub fn with_serving(mut self, serving: watch::Receiver<Serving>) -> Self {
-        self.serving = serving;
-        self
-    }
-
-    pub fn with_certificate_problem(mut self, problem: watch::Receiver<Option<String>>) -> Self {
-        self.certificate_problem = problem;
-        self
-    }
-
-    pub fn with_neighbours(mut self, neighbours: Arc<neighbours::Neighbours>) -> Self {
-        self.neighbours = neighbours;
-        self
-    }
-
-    pub fn with_guard(mut self, guard: watch::Receiver<guard::GuardStatus>) -> Self {
-        self.guard = guard;
-        self
     }
 
     pub(crate) fn ensure_leading(&self) -> Result<(), Error> {
@@ -261,12 +239,7 @@ impl Context {
         }
     }
 
-    pub(crate) fn remember_status(
-        &self,
-        policy: &InjectionPolicy,
-        _written: &InjectionPolicy,
-        status: &InjectionPolicyStatus,
-    ) {
+    pub(crate) fn remember_status(&self, policy: &InjectionPolicy, status: &InjectionPolicyStatus) {
         self.written
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -284,6 +257,37 @@ impl Context {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    impl ContextParts {
+        /// What the unit tests run a reconcile with: no guard verdict (so `Fail` is never in
+        /// force), no certificate problem, no serving certificate yet, a requeue queue nobody
+        /// reads and an empty `valuesFrom` cache.
+        pub(crate) fn for_tests(
+            client: Client,
+            settings: &Settings,
+            policies: Store<InjectionPolicy>,
+            ca_bundle: watch::Receiver<Option<Arc<String>>>,
+            leading: Leadership,
+            namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+        ) -> Self {
+            ContextParts {
+                client,
+                policies,
+                ca_bundle,
+                metrics: Arc::new(Metrics::new()),
+                leading,
+                guard: watch::channel(guard::GuardStatus::not_observed()).1,
+                certificate_problem: watch::channel(None).1,
+                serving: watch::channel(ServingCert::default()).1,
+                neighbours: Arc::new(neighbours::Neighbours::new().0),
+                values: Arc::new(ValuesCache::new(
+                    settings.values_namespaces.clone(),
+                    settings.namespace.clone(),
+                )),
+                namespaces,
+            }
+        }
+    }
     use crate::certs::rotation;
     use crate::guard;
 

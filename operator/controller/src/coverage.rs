@@ -292,7 +292,7 @@ pub struct Policies {
     /// True once `cache` holds the first full list.
     pub listed: watch::Receiver<bool>,
     /// The webhook's compiled policies, reused rather than compiled again.
-    pub served: Arc<PolicyStore>,
+    pub webhook_policies: Arc<PolicyStore>,
 }
 
 /// The leader's coverage loop; cancelled with the rest of the leader's work.
@@ -308,7 +308,7 @@ pub async fn run(
     let Policies {
         cache: policies,
         mut listed,
-        served,
+        webhook_policies: served,
     } = policies;
     let Observed { namespaces, pods } = observed;
     tracing::debug!("coverage: waiting for the policy cache");
@@ -368,7 +368,7 @@ pub async fn run(
             let key = (policy.uid(), policy.metadata.generation);
             // The webhook's own compilation of this generation, when it has it: a second one per
             // policy (templates, selectors, render caches) would double that memory.
-            if let Some(c) = crate::policy::serving::in_force_of(&served, &name)
+            if let Some(c) = crate::policy::in_force::in_force_of(&served, &name)
                 .filter(|c| Some(c.generation()) == key.1)
             {
                 compiled.remove(&name);

@@ -24,5 +24,5 @@ pub mod runtime;
 pub mod values;
 pub mod verdict;
 
-pub use context::{Context, Settings};
+pub use context::{Context, ContextParts, Settings};
 pub use runtime::run;

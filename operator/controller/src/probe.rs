@@ -262,7 +262,7 @@ pub async fn run(
     let Policies {
         cache,
         mut listed,
-        served,
+        webhook_policies: served,
     } = policies;
     if listed.wait_for(|l| *l).await.is_err() {
         return;

@@ -796,7 +796,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
     use k8s_openapi::api::core::v1::{Namespace, Pod};
     use kube::ResourceExt;
     use kube::api::{Api, ListParams};
-    use splice_controller::policy::serving;
+    use splice_controller::policy::in_force;
     use splice_crds::InjectionPolicy;
     use splice_engine::intree;
 
@@ -850,7 +850,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
             let open = compiled
                 .as_ref()
                 .ok()
-                .and_then(|c| serving::open_canary(p, c.template_hash()));
+                .and_then(|c| in_force::open_canary(p, c.template_hash()));
             PolicyInput {
                 mode: compiled
                     .as_ref()

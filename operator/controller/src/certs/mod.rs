@@ -563,7 +563,7 @@ pub async fn load_certificates(
     metrics: Arc<Metrics>,
     ca_bundle: watch::Sender<Option<Arc<String>>>,
     secret_changed: watch::Sender<u64>,
-    served: watch::Sender<Serving>,
+    served: watch::Sender<ServingCert>,
 ) {
     let by_name = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
     let ca_events = watcher(api.clone(), by_name(CA_SECRET))
@@ -643,7 +643,7 @@ pub async fn load_certificates(
             }
             metrics.set_certificate_expiry("serving", info.not_after);
             tracing::info!(secret = SERVING_SECRET, serial = %info.serial, issuer = %info.issuer_key_id, "serving certificate loaded");
-            served.send_replace(Serving {
+            served.send_replace(ServingCert {
                 issuer_key_id: info.issuer_key_id,
                 not_after: Some(info.not_after),
             });
@@ -656,13 +656,13 @@ pub async fn load_certificates(
 /// The certificate this replica serves: the key identifier of the CA that issued it (what the
 /// report Lease names) and the chain's NotAfter (what `status.certificateNotAfter` says).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Serving {
+pub struct ServingCert {
     pub issuer_key_id: String,
     /// Seconds since the epoch.
     pub not_after: Option<i64>,
 }
 
-impl Serving {
+impl ServingCert {
     /// The chain's NotAfter in RFC 3339.
     pub fn not_after_rfc3339(&self) -> Option<String> {
         Some(Timestamp::from_second(self.not_after?).ok()?.to_string())
@@ -674,7 +674,7 @@ impl Serving {
 pub async fn report_serving(
     api: Api<Lease>,
     identity: String,
-    mut served: watch::Receiver<Serving>,
+    mut served: watch::Receiver<ServingCert>,
     period: Duration,
     ttl: Duration,
 ) {

@@ -102,7 +102,7 @@ pub struct Observation<'a> {
     pub generation: Option<i64>,
     /// The template hash of the generation in force.
     pub template_hash: Option<&'a str>,
-    /// The generation in force and its spec (see [`super::serving`]).
+    /// The generation in force and its spec (see [`super::in_force`]).
     pub serving: Option<(i64, &'a serde_json::Value)>,
     pub webhook: &'a WebhookOutcome,
     pub failure_policy: &'a FailurePolicyDecision,

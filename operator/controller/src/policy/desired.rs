@@ -12,9 +12,9 @@ use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
 
 use super::conditions::{FailurePolicyDecision, effective_failure_policy};
 use super::conflicts::{Conflict, conflicts_of};
+use super::in_force::{EntrySpec, EntrySpecs, InForce, in_force, open_canary};
 use super::intree;
 use super::neighbours::Stamp;
-use super::serving::{InForce, ServedEntry, ServedSpecs, in_force, open_canary};
 use crate::guard::GuardStatus;
 use splice_engine::ModeDecision;
 use splice_engine::entry::{Group, Member, Plan, webhook_configuration_name};
@@ -24,7 +24,7 @@ pub struct World<'a> {
     /// Every managed policy, as the controller's cache holds them.
     pub policies: &'a [Arc<InjectionPolicy>],
     /// The spec each policy serves in a webhook.
-    pub served: &'a ServedSpecs,
+    pub entry_specs: &'a EntrySpecs,
     /// Whether the availability guard lets `Fail` be in force.
     pub guard: &'a GuardStatus,
     /// What tells this Splice's shared webhook entries from another instance's.
@@ -88,7 +88,7 @@ pub fn desired<'p>(policy: &'p InjectionPolicy, world: &World<'_>) -> Desired<'p
     let plan = plan_entries(
         world,
         policy,
-        serves.then(|| ServedEntry {
+        serves.then(|| EntrySpec {
             spec: served.spec.clone(),
             canary,
         }),
@@ -156,19 +156,15 @@ fn leaving_in_flight(this: &InjectionPolicy, group: &Group, world: &World<'_>) -
         .filter(|p| names_it(p.status.as_ref()))
         .filter(|p| !group.members.iter().any(|m| m.name == p.name_any()))
         .filter(|p| p.status.as_ref().and_then(|s| s.observed_generation) != p.metadata.generation)
-        .filter(|p| world.served.get(p).is_some())
+        .filter(|p| world.entry_specs.get(p).is_some())
         .map(|p| p.name_any())
         .collect()
 }
 
 /// Every policy this Splice serves, grouped into webhook entries. `this` is planned with the spec
 /// its reconcile just decided (`None`: it serves nothing); the others with the spec each serves.
-fn plan_entries(
-    world: &World<'_>,
-    this: &InjectionPolicy,
-    this_served: Option<ServedEntry>,
-) -> Plan {
-    let member = |p: &InjectionPolicy, served: &ServedEntry| Member {
+fn plan_entries(world: &World<'_>, this: &InjectionPolicy, this_served: Option<EntrySpec>) -> Plan {
+    let member = |p: &InjectionPolicy, served: &EntrySpec| Member {
         name: p.name_any(),
         uid: p.metadata.uid.clone().unwrap_or_default(),
         failure_policy: effective_failure_policy(served.spec.failure_policy, world.guard).effective,
@@ -180,7 +176,7 @@ fn plan_entries(
         .policies
         .iter()
         .filter(|p| p.name_any() != this_name)
-        .filter_map(|p| world.served.get(p).map(|served| member(p, &served)));
+        .filter_map(|p| world.entry_specs.get(p).map(|served| member(p, &served)));
     let this = this_served.map(|served| member(this, &served));
     Plan::new(others.chain(this), world.instance)
 }
@@ -216,10 +212,10 @@ mod tests {
         guard: &GuardStatus,
         status: Option<&InjectionPolicyStatus>,
     ) -> Desired<'p> {
-        let served = ServedSpecs::default();
+        let specs = EntrySpecs::default();
         let world = World {
             policies: all,
-            served: &served,
+            entry_specs: &specs,
             guard,
             instance: "splice-system/",
             status,

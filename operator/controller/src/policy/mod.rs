@@ -1,7 +1,7 @@
 //! One InjectionPolicy turned into what serves it: the webhook configuration the API server calls,
 //! the policy's status and Events, the ValidatingWebhookConfiguration that checks policies at
 //! apply. Pure decisions in [`desired`] (what a policy should be), [`render`], [`conditions`],
-//! [`conflicts`], [`neighbours`], [`serving`] (which generation is in force) and
+//! [`conflicts`], [`neighbours`], [`in_force`] (which generation is in force) and
 //! [`enforcement`] (whether the API server is seen enforcing it); API calls in [`reconcile`], [`intree_apply`] and
 //! [`validating`], each object written through [`apply`]; a reconcile's failures in [`error`].
 
@@ -12,6 +12,7 @@ pub mod desired;
 pub mod enforcement;
 pub mod error;
 
+pub mod in_force;
 pub mod intree;
 pub mod intree_apply;
 pub mod neighbours;
@@ -19,5 +20,4 @@ pub mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 pub mod render;
-pub mod serving;
 pub mod validating;

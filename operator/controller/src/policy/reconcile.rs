@@ -25,8 +25,8 @@ use super::conditions::{
 use super::desired::{Desired, World, desired};
 use super::enforcement::{self, Known, Sighting, Verdict};
 use super::error::{Error, truncate};
+use super::in_force::InForce;
 use super::render::{RenderContext, RenderError, render_group};
-use super::serving::InForce;
 use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
@@ -98,7 +98,7 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
         policy,
         &World {
             policies: &all,
-            served: &ctx.served,
+            entry_specs: &ctx.entry_specs,
             guard: &guard,
             instance: &ctx.instance,
             status: known.as_ref(),
@@ -139,7 +139,7 @@ async fn look(
     let now = Timestamp::now();
     let awaiting = ctx.look_at(policy, generation, now);
     let mut accepted = vec![compiled.template_hash()];
-    if let Some((_, stable)) = super::serving::open_canary(policy, compiled.template_hash()) {
+    if let Some((_, stable)) = super::in_force::open_canary(policy, compiled.template_hash()) {
         accepted.push(stable.template_hash.as_str());
     }
     let sighting = match awaiting.seen.clone() {
@@ -678,18 +678,17 @@ async fn write_status(
         "kind": InjectionPolicy::kind(&()),
         "status": status,
     });
-    let written = api
-        .patch_status(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(|source| Error::Status {
-            name: name.clone(),
-            source,
-        })?;
-    ctx.remember_status(policy, &written, status);
+    api.patch_status(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status {
+        name: name.clone(),
+        source,
+    })?;
+    ctx.remember_status(policy, status);
     Ok(())
 }
 

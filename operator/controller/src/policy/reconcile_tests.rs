@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::metrics::Metrics;
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Client;
@@ -20,6 +19,7 @@ use tower_test::mock;
 use super::error::Error;
 use super::reconcile::reconcile;
 use crate::Context;
+use crate::context::ContextParts;
 use crate::leader::Leadership;
 
 const MWC_PATH: &str =
@@ -167,29 +167,30 @@ fn context_with(
     }
     let (_ca_tx, ca) = watch::channel(Some(Arc::new("-----BEGIN CERTIFICATE-----\n".to_owned())));
     // The senders may go: a receiver keeps the last value.
-    Arc::new(Context::new(
+    let namespaces = Arc::new(Mutex::new(crate::coverage::Namespaces {
+        contexts: namespaces
+            .iter()
+            .map(|(name, mesh)| {
+                let context = splice_engine::NamespaceContext {
+                    name: (*name).to_owned(),
+                    labels: [("mesh".to_owned(), (*mesh).to_owned())].into(),
+                    ..Default::default()
+                };
+                ((*name).to_owned(), context)
+            })
+            .collect(),
+        synced: true,
+        generation: 1,
+    }));
+    let parts = ContextParts::for_tests(
         client,
         &settings,
         store,
         ca,
-        Arc::new(Metrics::new()),
         Leadership::fixed(leading),
-        Arc::new(Mutex::new(crate::coverage::Namespaces {
-            contexts: namespaces
-                .iter()
-                .map(|(name, mesh)| {
-                    let context = splice_engine::NamespaceContext {
-                        name: (*name).to_owned(),
-                        labels: [("mesh".to_owned(), (*mesh).to_owned())].into(),
-                        ..Default::default()
-                    };
-                    ((*name).to_owned(), context)
-                })
-                .collect(),
-            synced: true,
-            generation: 1,
-        })),
-    ))
+        namespaces,
+    );
+    Arc::new(Context::new(&settings, parts))
 }
 
 /// Every request but reads and dry-run pod creates (the evidence of enforcement, which stores

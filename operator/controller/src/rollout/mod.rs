@@ -41,7 +41,7 @@ use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workl
 use crate::coverage::{self, Observed, PodState, Policies};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
-use crate::policy::serving;
+use crate::policy::in_force;
 
 /// The field manager of the restart annotations and of `status.rollout` and `RolledOut`.
 pub const ROLLOUT_MANAGER: &str = "splice-rollout";
@@ -208,7 +208,7 @@ impl Loop {
         let Policies {
             cache: policies,
             mut listed,
-            served,
+            webhook_policies: served,
         } = policies;
         if listed.wait_for(|l| *l).await.is_err() {
             return;
@@ -251,11 +251,11 @@ impl Loop {
                         return None;
                     }
                     // The generation this replica's webhook serves: what new pods get.
-                    let compiled = serving::in_force_of(&served, &policy.name_any())?;
+                    let compiled = in_force::in_force_of(&served, &policy.name_any())?;
                     let revision = coverage::revision(&compiled);
-                    let canary = serving::open_canary(&policy, compiled.template_hash())
+                    let canary = in_force::open_canary(&policy, compiled.template_hash())
                         .map(|(c, _)| CanaryScope::of(c));
-                    let stable = serving::stable(&policy).cloned();
+                    let stable = in_force::stable(&policy).cloned();
                     let annotations = policy.annotations();
                     let resumed_at = annotations
                         .get(ROLLOUT_RESUME_ANNOTATION)
@@ -446,6 +446,22 @@ impl Loop {
     /// Restarts what the plan says, each after a last leadership check; before the first
     /// restart of a revision into a namespace, a dry-run pod must come back with that revision.
     async fn act(&mut self, plan: &plan::Plan, caches: &Caches, policy: &InjectionPolicy) {
+        let mut restarted = Vec::new();
+        self.restart_planned(plan, caches, &mut restarted).await;
+        // One Event per pass, naming every workload it restarted.
+        if let Some(note) = plan::restarted_note(&plan.policy, &plan.revision, &restarted) {
+            publish(&self.recorder, policy, EventType::Normal, "Restarted", note).await;
+        }
+    }
+
+    /// Restarts what the plan says, each after a last leadership check; what it restarted goes
+    /// into `restarted`.
+    async fn restart_planned(
+        &mut self,
+        plan: &plan::Plan,
+        caches: &Caches,
+        restarted: &mut Vec<WorkloadRef>,
+    ) {
         for id in &plan.restart {
             let Some(template) = template_of(caches, id) else {
                 continue;
@@ -475,11 +491,7 @@ impl Loop {
                 Ok(()) => {
                     tracing::info!(policy = %plan.policy, workload = %id, revision = %plan.revision, "rollout: restarted");
                     self.written.insert(id.clone(), (value, now));
-                    let note = format!(
-                        "Restarted {id} for revision {} of policy {}: its pods carried an outdated or missing injection",
-                        plan.revision, plan.policy
-                    );
-                    publish(&self.recorder, policy, EventType::Normal, "Restarted", note).await;
+                    restarted.push(id.clone());
                 }
                 Err(e) => {
                     tracing::warn!(policy = %plan.policy, error = %e, label = e.label(), "rollout: restart failed");

@@ -77,6 +77,31 @@ impl std::fmt::Display for WorkloadRef {
     }
 }
 
+/// Workloads one `Restarted` Event names before it only counts the rest (the note stays under
+/// the Event's 1,000 characters).
+const NAMED_PER_EVENT: usize = 10;
+
+/// The note of the one `Restarted` Event of a planning pass; `None` when it restarted nothing.
+pub fn restarted_note(policy: &str, revision: &str, restarted: &[WorkloadRef]) -> Option<String> {
+    let (first, rest) = restarted.split_at(restarted.len().min(NAMED_PER_EVENT));
+    if first.is_empty() {
+        return None;
+    }
+    let mut names: Vec<String> = first.iter().map(ToString::to_string).collect();
+    if !rest.is_empty() {
+        names.push(format!("and {} more", rest.len()));
+    }
+    Some(format!(
+        "Restarted {} for revision {revision} of policy {policy}: {}; their pods carried an \
+         outdated or missing injection",
+        match restarted.len() {
+            1 => "1 workload".to_owned(),
+            n => format!("{n} workloads"),
+        },
+        names.join(", ")
+    ))
+}
+
 /// What the planner knows of one workload.
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -444,6 +469,31 @@ fn stand(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_restarted_event_per_pass_names_its_workloads_and_counts_past_ten() {
+        let id = |n: usize| WorkloadRef {
+            kind: Kind::Deployment,
+            namespace: "shop".into(),
+            name: format!("web-{n}"),
+        };
+        assert_eq!(restarted_note("mesh", "abc", &[]), None);
+        let one = restarted_note("mesh", "abc", &[id(1)]).unwrap();
+        assert_eq!(
+            one,
+            "Restarted 1 workload for revision abc of policy mesh: Deployment/shop/web-1; their \
+             pods carried an outdated or missing injection"
+        );
+        let many: Vec<WorkloadRef> = (0..13).map(id).collect();
+        let note = restarted_note("mesh", "abc", &many).unwrap();
+        assert!(note.starts_with("Restarted 13 workloads"), "{note}");
+        assert!(
+            note.contains("Deployment/shop/web-9, and 3 more;"),
+            "{note}"
+        );
+        assert!(!note.contains("web-10"), "{note}");
+        assert!(note.len() < 1000);
+    }
+
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     use super::*;

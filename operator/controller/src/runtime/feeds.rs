@@ -16,11 +16,11 @@ use splice_server::admin::Readiness;
 use splice_server::store::{NamespaceStore, PolicyStore};
 use tokio::sync::watch;
 
-use crate::policy::serving;
+use crate::policy::in_force;
 use crate::values::ValuesCache;
 
 /// Keeps the webhook's policy store equal to the managed policies, serving for each the
-/// generation in force ([`serving::in_force`]): an update that does not compile leaves the last
+/// generation in force ([`in_force::in_force`]): an update that does not compile leaves the last
 /// good one in place. Compiles once per change of what decides that, and a policy with
 /// `valuesFrom` again when its data changes (the values come from `values`, whose first listing
 /// this waits for, so a replica never serves a policy without its data). Signals `changed` when
@@ -127,7 +127,7 @@ impl CompileKey {
             && self.kept.is_none_or(|kept| {
                 kept == policy.status.as_ref().and_then(|s| s.serving_generation)
             })
-            && self.stable.as_deref() == serving::stable(policy).map(|s| s.template_hash.as_str())
+            && self.stable.as_deref() == in_force::stable(policy).map(|s| s.template_hash.as_str())
     }
 }
 
@@ -233,16 +233,16 @@ fn serve(
 ) -> (CompileKey, Served) {
     let name = policy.name_any();
     let now = Served::kept(store, policy);
-    let in_force = serving::in_force(policy);
+    let in_force = in_force::in_force(policy);
     let kept = match &in_force {
-        serving::InForce::Current(_) => None,
+        in_force::InForce::Current(_) => None,
         _ => Some(policy.status.as_ref().and_then(|s| s.serving_generation)),
     };
     let key = CompileKey {
         uid: policy.metadata.uid.clone(),
         generation: policy.metadata.generation,
         kept,
-        stable: serving::stable(policy).map(|s| s.template_hash.clone()),
+        stable: in_force::stable(policy).map(|s| s.template_hash.clone()),
     };
     if let Some(error) = in_force.error() {
         tracing::warn!(policy = %name, generation = policy.metadata.generation, error = %error, "policy does not compile; serving the last generation that did, if any");
@@ -261,7 +261,7 @@ fn serve(
     };
     let stable = current
         .as_ref()
-        .and_then(|c| serving::compile_stable(policy, c.template_hash()))
+        .and_then(|c| in_force::compile_stable(policy, c.template_hash()))
         .and_then(|s| {
             if !s.spec().values_from.is_empty() {
                 return with_data(s, now.stable.clone(), values);

@@ -19,6 +19,7 @@ use tokio::task::JoinSet;
 
 use super::janitor::sweep_orphans;
 use super::{Caches, changes, policy_api, watcher_config};
+use crate::context::ContextParts;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::reconcile::{error_policy, reconcile};
@@ -81,7 +82,7 @@ pub(super) fn lead(
     let mut term = Term::default();
     let Caches {
         values,
-        served,
+        webhook_policies: served,
         ca_bundle,
         policies_changed,
         secret_changed,
@@ -149,22 +150,22 @@ pub(super) fn lead(
     // reconcile's evidence of enforcement.
     let observed = coverage::Observed::default();
     let namespaces = Arc::clone(&observed.namespaces);
-    let ctx = Arc::new(
-        Context::new(
-            client.clone(),
-            &settings,
-            controller.store(),
-            ca_bundle.clone(),
+    let ctx = Arc::new(Context::new(
+        &settings,
+        ContextParts {
+            client: client.clone(),
+            policies: controller.store(),
+            ca_bundle: ca_bundle.clone(),
             metrics,
             leading,
-            Arc::clone(&namespaces),
-        )
-        .with_neighbours(neighbours)
-        .with_guard(guard_rx.clone())
-        .with_certificate_problem(certificate_problem.clone())
-        .with_serving(serving)
-        .with_values(Arc::clone(&values)),
-    );
+            guard: guard_rx.clone(),
+            certificate_problem: certificate_problem.clone(),
+            serving,
+            neighbours,
+            values: Arc::clone(&values),
+            namespaces: Arc::clone(&namespaces),
+        },
+    ));
     term.spawn(coverage::watch_namespaces(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
@@ -182,7 +183,7 @@ pub(super) fn lead(
         coverage::Policies {
             cache: controller.store(),
             listed: listed.clone(),
-            served: Arc::clone(&served),
+            webhook_policies: Arc::clone(&served),
         },
         observed.clone(),
         Arc::clone(&ctx.metrics),
@@ -195,7 +196,7 @@ pub(super) fn lead(
         coverage::Policies {
             cache: controller.store(),
             listed: listed.clone(),
-            served: Arc::clone(&served),
+            webhook_policies: Arc::clone(&served),
         },
         observed,
         Arc::clone(&ctx.metrics),
@@ -212,7 +213,7 @@ pub(super) fn lead(
             coverage::Policies {
                 cache: ctx.policies.clone(),
                 listed,
-                served,
+                webhook_policies: served,
             },
             Arc::clone(&namespaces),
             Arc::clone(&ctx.metrics),
@@ -288,7 +289,7 @@ mod tests {
     use tokio::task::JoinHandle;
 
     use super::*;
-    use crate::certs::Serving;
+    use crate::certs::ServingCert;
     use crate::context::tests::settings;
     use crate::leader;
 
@@ -406,7 +407,7 @@ mod tests {
         let (_ca_tx, ca_bundle) = watch::channel(None);
         let (_changed_tx, policies_changed) = watch::channel(0);
         let (_secret_tx, secret_changed) = watch::channel(0);
-        let (_serving_tx, serving) = watch::channel(Serving::default());
+        let (_serving_tx, serving) = watch::channel(ServingCert::default());
         let term = lead(
             client,
             settings(),
@@ -417,7 +418,7 @@ mod tests {
                     vec!["splice-system".into()],
                     "splice-system".into(),
                 )),
-                served: Arc::new(PolicyStore::new()),
+                webhook_policies: Arc::new(PolicyStore::new()),
                 ca_bundle,
                 policies_changed,
                 secret_changed,

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use self::feeds::{feed_namespace_store, feed_policy_store, feed_values, track_readiness};
 use self::leadership::{lead, supervise_leadership};
-use crate::certs::Serving;
+use crate::certs::ServingCert;
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::values::ValuesCache;
@@ -104,104 +104,65 @@ pub async fn run(
     let admin_task = tokio::spawn(admin.serve(admin_listener, stopped()));
 
     // Caches every replica keeps: the webhook answers from them.
-    let (policies_changed_tx, policies_changed) = watch::channel(0u64);
-    let (policies_synced_tx, policies_synced) = watch::channel(false);
-    let (namespaces_synced_tx, namespaces_synced) = watch::channel(false);
-    let (ca_tx, ca_rx) = watch::channel::<Option<Arc<String>>>(None);
-    let (secret_changed_tx, secret_changed) = watch::channel(0u64);
-    let (served_tx, served_rx) = watch::channel(Serving::default());
+    let (tx, rx) = signals();
     // The data of `valuesFrom`: one ConfigMap and one Secret watch per allowed namespace.
     let values = Arc::new(ValuesCache::new(
         settings.values_namespaces.clone(),
         settings.namespace.clone(),
     ));
-    let mut values_feeds: Vec<JoinHandle<()>> = Vec::new();
-    let mut values_synced = Vec::new();
-    for namespace in &settings.values_namespaces {
-        let (tx, rx) = watch::channel(false);
-        values_feeds.push(tokio::spawn(feed_values(
-            Api::<ConfigMap>::namespaced(client.clone(), namespace),
-            SourceKind::ConfigMap,
-            values_from::config_map_data,
-            namespace.clone(),
-            Arc::clone(&values),
-            tx,
-        )));
-        values_synced.push(rx);
-        let (tx, rx) = watch::channel(false);
-        values_feeds.push(tokio::spawn(feed_values(
-            Api::<Secret>::namespaced(client.clone(), namespace),
-            SourceKind::Secret,
-            values_from::secret_data,
-            namespace.clone(),
-            Arc::clone(&values),
-            tx,
-        )));
-        values_synced.push(rx);
-    }
-    let (all_values_synced_tx, all_values_synced) = watch::channel(false);
-    values_feeds.push(tokio::spawn({
-        let values = Arc::clone(&values);
-        async move {
-            for mut rx in values_synced {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-            values.set_synced();
-            all_values_synced_tx.send_replace(true);
-        }
-    }));
+    let values_feeds = spawn_values_feeds(&client, &settings, &values, tx.values_synced);
     let mut background: Vec<JoinHandle<()>> = values_feeds;
     background.extend([
         tokio::spawn(feed_policy_store(
             policy_api(&client),
             watcher_config(&settings.policy_selector),
             Arc::clone(&policies),
-            (Arc::clone(&values), all_values_synced),
-            policies_changed_tx,
-            policies_synced_tx,
+            (Arc::clone(&values), rx.values_synced),
+            tx.policies_changed,
+            tx.policies_synced,
         )),
         tokio::spawn(feed_namespace_store(
             Api::all(client.clone()),
             Arc::clone(&namespaces),
-            namespaces_synced_tx,
+            tx.namespaces_synced,
         )),
         tokio::spawn(certs::load_certificates(
             Api::namespaced(client.clone(), &settings.namespace),
             Arc::clone(&resolver),
             Arc::clone(&metrics),
-            ca_tx,
-            secret_changed_tx,
-            served_tx,
+            tx.ca_bundle,
+            tx.secret_changed,
+            tx.serving,
         )),
         tokio::spawn(certs::report_serving(
             Api::namespaced(client.clone(), &settings.namespace),
             settings.lease.identity.clone(),
-            served_rx.clone(),
+            rx.serving.clone(),
             settings.lease.retry_period,
             settings.lease.lease_duration,
         )),
         tokio::spawn(track_readiness(
             Arc::clone(&readiness),
-            policies_synced,
-            namespaces_synced,
+            rx.policies_synced,
+            rx.namespaces_synced,
         )),
     ]);
 
     // The election, and the leader's work whenever this replica leads.
     let (leading_tx, leading_rx) = Leadership::channel();
-    background.push(tokio::spawn(leader::run(
+    let election = tokio::spawn(leader::run(
         Api::<Lease>::namespaced(client.clone(), &settings.namespace),
         settings.lease.clone(),
         leading_tx,
         stop_rx.clone(),
-    )));
+    ));
     let caches = Caches {
         values: Arc::clone(&values),
-        served: Arc::clone(&policies),
-        ca_bundle: ca_rx,
-        policies_changed,
-        secret_changed,
-        serving: served_rx,
+        webhook_policies: Arc::clone(&policies),
+        ca_bundle: rx.ca_bundle,
+        policies_changed: rx.policies_changed,
+        secret_changed: rx.secret_changed,
+        serving: rx.serving,
     };
     let supervisor = {
         let (client, settings, metrics) = (client.clone(), settings.clone(), Arc::clone(&metrics));
@@ -226,15 +187,109 @@ pub async fn run(
     readiness.set_draining();
     supervisor.abort();
     // The election loop releases the Lease on the way out; give it a moment to do so.
-    if let Some(election) = background.pop() {
-        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
-    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
     for task in background {
         task.abort();
     }
     let _ = webhook_task.await;
     let _ = admin_task.await;
     Ok(())
+}
+
+/// The watch channels between every replica's feeds and what reads them, sending ends.
+struct Senders {
+    policies_changed: watch::Sender<u64>,
+    policies_synced: watch::Sender<bool>,
+    namespaces_synced: watch::Sender<bool>,
+    values_synced: watch::Sender<bool>,
+    ca_bundle: watch::Sender<Option<Arc<String>>>,
+    secret_changed: watch::Sender<u64>,
+    serving: watch::Sender<ServingCert>,
+}
+
+/// The receiving ends of [`Senders`].
+struct Receivers {
+    policies_changed: watch::Receiver<u64>,
+    policies_synced: watch::Receiver<bool>,
+    namespaces_synced: watch::Receiver<bool>,
+    values_synced: watch::Receiver<bool>,
+    ca_bundle: watch::Receiver<Option<Arc<String>>>,
+    secret_changed: watch::Receiver<u64>,
+    serving: watch::Receiver<ServingCert>,
+}
+
+/// Every channel of [`run`]'s feeds, made in one place.
+fn signals() -> (Senders, Receivers) {
+    let (policies_changed, policies_changed_rx) = watch::channel(0u64);
+    let (policies_synced, policies_synced_rx) = watch::channel(false);
+    let (namespaces_synced, namespaces_synced_rx) = watch::channel(false);
+    let (values_synced, values_synced_rx) = watch::channel(false);
+    let (ca_bundle, ca_bundle_rx) = watch::channel(None);
+    let (secret_changed, secret_changed_rx) = watch::channel(0u64);
+    let (serving, serving_rx) = watch::channel(ServingCert::default());
+    (
+        Senders {
+            policies_changed,
+            policies_synced,
+            namespaces_synced,
+            values_synced,
+            ca_bundle,
+            secret_changed,
+            serving,
+        },
+        Receivers {
+            policies_changed: policies_changed_rx,
+            policies_synced: policies_synced_rx,
+            namespaces_synced: namespaces_synced_rx,
+            values_synced: values_synced_rx,
+            ca_bundle: ca_bundle_rx,
+            secret_changed: secret_changed_rx,
+            serving: serving_rx,
+        },
+    )
+}
+
+/// One ConfigMap and one Secret watch per allowed namespace into `values`, and a task that marks
+/// it synced (and says so on `synced`) once every one has listed.
+fn spawn_values_feeds(
+    client: &Client,
+    settings: &Settings,
+    values: &Arc<ValuesCache>,
+    synced: watch::Sender<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut feeds: Vec<JoinHandle<()>> = Vec::new();
+    let mut listed = Vec::new();
+    for namespace in &settings.values_namespaces {
+        let (tx, rx) = watch::channel(false);
+        feeds.push(tokio::spawn(feed_values(
+            Api::<ConfigMap>::namespaced(client.clone(), namespace),
+            SourceKind::ConfigMap,
+            values_from::config_map_data,
+            namespace.clone(),
+            Arc::clone(values),
+            tx,
+        )));
+        listed.push(rx);
+        let (tx, rx) = watch::channel(false);
+        feeds.push(tokio::spawn(feed_values(
+            Api::<Secret>::namespaced(client.clone(), namespace),
+            SourceKind::Secret,
+            values_from::secret_data,
+            namespace.clone(),
+            Arc::clone(values),
+            tx,
+        )));
+        listed.push(rx);
+    }
+    let values = Arc::clone(values);
+    feeds.push(tokio::spawn(async move {
+        for mut rx in listed {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+        values.set_synced();
+        synced.send_replace(true);
+    }));
+    feeds
 }
 
 pub(super) fn policy_api(client: &Client) -> Api<InjectionPolicy> {
@@ -269,9 +324,9 @@ pub(super) struct Caches {
     /// The data of `valuesFrom`.
     pub(super) values: Arc<ValuesCache>,
     /// The webhook's compiled policies.
-    pub(super) served: Arc<PolicyStore>,
+    pub(super) webhook_policies: Arc<PolicyStore>,
     pub(super) ca_bundle: watch::Receiver<Option<Arc<String>>>,
     pub(super) policies_changed: watch::Receiver<u64>,
     pub(super) secret_changed: watch::Receiver<u64>,
-    pub(super) serving: watch::Receiver<Serving>,
+    pub(super) serving: watch::Receiver<ServingCert>,
 }

@@ -82,17 +82,17 @@ pub fn in_force(policy: &InjectionPolicy) -> InForce {
 /// policy's on every reconcile, and compiling them all each time would make a burst of n policy
 /// changes cost n² compilations.
 #[derive(Debug, Default)]
-pub struct ServedSpecs(Mutex<HashMap<String, (Version, Served)>>);
+pub struct EntrySpecs(Mutex<HashMap<String, (Version, Served)>>);
 
 /// What a policy serves by webhook: the spec in force, and its canary while one is open.
 #[derive(Debug, PartialEq)]
-pub struct ServedEntry {
+pub struct EntrySpec {
     pub spec: InjectionPolicySpec,
     pub canary: Option<Canary>,
 }
 
 /// The spec a policy serves, if any.
-type Served = Option<Arc<ServedEntry>>;
+type Served = Option<Arc<EntrySpec>>;
 
 /// What decides the spec in force: the spec (its generation) and the last good one in the status,
 /// and the promoted revision, which decides whether a canary is open.
@@ -104,7 +104,7 @@ struct Version {
     stable: Option<String>,
 }
 
-impl ServedSpecs {
+impl EntrySpecs {
     /// What `policy` serves in a webhook, or `None` when it serves none (paused, being deleted,
     /// nothing compiles, or it runs in-tree).
     pub fn get(&self, policy: &InjectionPolicy) -> Served {
@@ -131,7 +131,7 @@ impl ServedSpecs {
                 .program
                 .is_some();
             (!in_tree).then(|| {
-                Arc::new(ServedEntry {
+                Arc::new(EntrySpec {
                     spec: c.spec().clone(),
                     canary,
                 })
