@@ -73,6 +73,7 @@ pub fn error_policy(policy: Arc<InjectionPolicy>, error: &Error, ctx: Arc<Contex
 async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Action, Error> {
     if policy.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the owned configuration; the janitor covers clusters without it.
+        ctx.forget_awaiting(&policy.name_any());
         return Ok(Action::await_change());
     }
     // Neither is worth a status: a follower must not write, and without the CA no configuration
