@@ -119,6 +119,26 @@ pub struct Observation<'a> {
     /// Why the data of `spec.valuesFrom` cannot be rendered (the Ready reason and message); the
     /// last good rendering keeps serving meanwhile.
     pub values_problem: Option<(&'static str, String)>,
+    /// The path the outcome is about: a webhook configuration, or in-tree objects.
+    pub path: Path,
+}
+
+/// Which admission objects the conditions speak of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    Webhook,
+    /// A MutatingAdmissionPolicy and its binding, named like the configuration would be.
+    InTree,
+}
+
+impl Path {
+    /// The object that carries the policy, as a message names it.
+    fn object(self, name: &str) -> String {
+        match self {
+            Path::Webhook => format!("MutatingWebhookConfiguration {name}"),
+            Path::InTree => format!("MutatingAdmissionPolicy {name} (or its binding)"),
+        }
+    }
 }
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
@@ -145,7 +165,27 @@ pub fn desired_status(
         );
     };
 
+    let object = |name: &str| obs.path.object(name);
     let (ready, configured) = match obs.webhook {
+        WebhookOutcome::Applied { configuration } if obs.path == Path::InTree => (
+            (
+                ConditionStatus::True,
+                "Configured",
+                format!(
+                    "Pods selected by this policy are injected in-tree by MutatingAdmissionPolicy \
+                     {configuration} and its binding (failurePolicy {}): no webhook call.",
+                    obs.failure_policy.effective.as_str()
+                ),
+            ),
+            (
+                ConditionStatus::True,
+                "InTree",
+                format!(
+                    "No webhook: MutatingAdmissionPolicy {configuration} and its binding match \
+                     this policy."
+                ),
+            ),
+        ),
         WebhookOutcome::Applied { configuration } => {
             let mut ready_message = if obs.conflicts.is_empty() {
                 format!(
@@ -178,9 +218,9 @@ pub fn desired_status(
         }
         WebhookOutcome::Paused { configuration } => {
             let message = format!(
-                "spec.paused is true, so MutatingWebhookConfiguration {configuration} no longer \
-                 serves this policy and no pod is injected; set spec.paused to false to resume \
-                 injection."
+                "spec.paused is true, so {} no longer serves this policy and no pod is injected; \
+                 set spec.paused to false to resume injection.",
+                object(configuration)
             );
             (
                 (ConditionStatus::False, "Paused", message.clone()),
@@ -204,8 +244,8 @@ pub fn desired_status(
                 ConditionStatus::False,
                 *reason,
                 format!(
-                    "MutatingWebhookConfiguration {configuration} no longer serves this policy \
-                     because no generation of it compiles."
+                    "{} no longer serves this policy because no generation of it compiles.",
+                    object(configuration)
                 ),
             ),
         ),
@@ -220,19 +260,30 @@ pub fn desired_status(
                 *reason,
                 format!(
                     "Generation {} does not compile: {error}. Generation {serving_generation} \
-                     (status.servingGeneration) stays in force: MutatingWebhookConfiguration \
-                     {configuration} and every replica keep serving it until the spec is fixed.",
-                    generation.unwrap_or_default()
+                     (status.servingGeneration) stays in force: {} and every replica keep \
+                     serving it until the spec is fixed.",
+                    generation.unwrap_or_default(),
+                    object(configuration)
                 ),
             ),
-            (
-                ConditionStatus::True,
-                "ServingLastGood",
-                format!(
-                    "MutatingWebhookConfiguration {configuration} is unchanged: it serves \
-                     generation {serving_generation}, the last that compiled."
+            match obs.path {
+                Path::InTree => (
+                    ConditionStatus::True,
+                    "InTree",
+                    format!(
+                        "No webhook: MutatingAdmissionPolicy {configuration} and its binding \
+                         match this policy."
+                    ),
                 ),
-            ),
+                Path::Webhook => (
+                    ConditionStatus::True,
+                    "ServingLastGood",
+                    format!(
+                        "MutatingWebhookConfiguration {configuration} is unchanged: it serves \
+                         generation {serving_generation}, the last that compiled."
+                    ),
+                ),
+            },
         ),
         WebhookOutcome::Failed {
             configuration,
@@ -242,14 +293,15 @@ pub fn desired_status(
                 ConditionStatus::False,
                 "WebhookConfigurationFailed",
                 format!(
-                    "MutatingWebhookConfiguration {configuration} could not be written: {error}. \
-                     Splice retries with backoff; check its logs and RBAC."
+                    "{} could not be written: {error}. Splice retries with backoff; check its \
+                     logs and RBAC.",
+                    object(configuration)
                 ),
             ),
             (
                 ConditionStatus::False,
                 "ApplyFailed",
-                format!("Writing MutatingWebhookConfiguration {configuration} failed: {error}."),
+                format!("Writing {} failed: {error}.", object(configuration)),
             ),
         ),
     };
@@ -488,6 +540,7 @@ mod tests {
             shared_with: &[],
             policy: "p",
             values_problem: None,
+            path: Path::Webhook,
         }
     }
 
@@ -519,6 +572,48 @@ mod tests {
             effective_failure_policy(FailurePolicy::Ignore, &GuardStatus { blocked: None })
                 .effective,
             FailurePolicy::Ignore
+        );
+    }
+
+    #[test]
+    fn an_in_tree_path_is_worded_for_its_admission_policy_never_a_webhook_configuration() {
+        let fp = effective_failure_policy(FailurePolicy::Fail, &GuardStatus::not_observed());
+        let outcomes = [
+            applied(),
+            WebhookOutcome::Paused {
+                configuration: "splice-p".into(),
+            },
+            WebhookOutcome::Failed {
+                configuration: "splice-p".into(),
+                error: "forbidden".into(),
+            },
+        ];
+        for w in &outcomes {
+            let mut o = obs(w, &fp, &[]);
+            o.path = Path::InTree;
+            let s = desired_status(None, &o, ts(1));
+            for t in [condition::READY, condition::WEBHOOK_CONFIGURED] {
+                let c = cond(&s, t);
+                assert!(
+                    !c.message.contains("MutatingWebhookConfiguration"),
+                    "{t}: {}",
+                    c.message
+                );
+                assert!(
+                    c.message.contains("MutatingAdmissionPolicy splice-p"),
+                    "{t}: {}",
+                    c.message
+                );
+            }
+        }
+        let mut o = obs(&outcomes[0], &fp, &[]);
+        o.path = Path::InTree;
+        let s = desired_status(None, &o, ts(1));
+        assert_eq!(cond(&s, condition::WEBHOOK_CONFIGURED).reason, "InTree");
+        assert!(
+            cond(&s, condition::READY)
+                .message
+                .contains("injected in-tree by MutatingAdmissionPolicy splice-p and its binding")
         );
     }
 

@@ -168,9 +168,8 @@ pub fn render_binding(
     })
 }
 
-/// Writes the mode into the status the reconciler decided: `status.mode`, the `InTree`
-/// condition, and for an in-tree policy the messages that would otherwise name a webhook
-/// configuration.
+/// Writes the mode into the status the reconciler decided: `status.mode` and the `InTree`
+/// condition (the other conditions are worded for the path in force by `desired_status`).
 pub fn apply_status(
     status: &mut InjectionPolicyStatus,
     decision: &ModeDecision,
@@ -182,15 +181,6 @@ pub fn apply_status(
     let (s, reason, message) = match (&decision.effective, &decision.webhook_only) {
         (Mode::InTree, _) if !served => {
             status.webhook_configuration = None;
-            // The outcome is worded for a webhook configuration; in-tree, the objects are these.
-            for c in &mut status.conditions {
-                if c.type_ == condition::READY || c.type_ == condition::WEBHOOK_CONFIGURED {
-                    c.message = c.message.replace(
-                        "MutatingWebhookConfiguration",
-                        "MutatingAdmissionPolicy (or its binding)",
-                    );
-                }
-            }
             (
                 ConditionStatus::False,
                 "NotInForce",
@@ -198,29 +188,7 @@ pub fn apply_status(
             )
         }
         (Mode::InTree, _) => {
-            let name = status
-                .webhook_configuration
-                .take()
-                .unwrap_or_else(|| "splice-…".to_owned());
-            for c in &mut status.conditions {
-                if c.type_ == condition::READY && c.status == "True" {
-                    c.message = format!(
-                        "Pods selected by this policy are injected in-tree by \
-                         MutatingAdmissionPolicy {name} and its binding (failurePolicy {}): no \
-                         webhook call.",
-                        status
-                            .effective_failure_policy
-                            .map_or("Ignore", FailurePolicy::as_str)
-                    );
-                }
-                if c.type_ == condition::WEBHOOK_CONFIGURED && c.status == "True" {
-                    c.reason = "InTree".to_owned();
-                    c.message = format!(
-                        "No webhook: MutatingAdmissionPolicy {name} and its binding match this \
-                         policy."
-                    );
-                }
-            }
+            status.webhook_configuration = None;
             (
                 ConditionStatus::True,
                 "InTree",

@@ -20,7 +20,7 @@ use splice_engine::{CompiledPolicy, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
-    Observation, PlannedEvent, Severity, WebhookOutcome, desired_status, planned_events,
+    Observation, Path, PlannedEvent, Severity, WebhookOutcome, desired_status, planned_events,
 };
 use super::desired::{Desired, World, desired};
 use super::enforcement::{self, Known, Sighting, Verdict};
@@ -407,6 +407,10 @@ async fn report(
         shared_with: &shared_with,
         policy: &name,
         values_problem: in_force.compiled().and_then(|c| values_problem(ctx, c)),
+        path: match d.mode.effective {
+            splice_crds::Mode::InTree => Path::InTree,
+            splice_crds::Mode::Webhook | splice_crds::Mode::Auto => Path::Webhook,
+        },
     };
     // Every policy exports it (0 without valuesFrom), so the series exists before a problem.
     ctx.metrics
