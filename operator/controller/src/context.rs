@@ -85,7 +85,7 @@ pub struct Context {
     /// The data of `valuesFrom`, to report a missing source in Ready.
     pub values: Arc<ValuesCache>,
     /// The leader's namespace watch, to pick where a dry-run pod shows a generation enforced.
-    pub namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+    pub namespaces: Arc<Mutex<crate::view::Namespaces>>,
     /// Generations written but not yet seen enforced, per policy (see [`enforcement`]).
     awaiting: Mutex<HashMap<String, enforcement::Awaiting>>,
     /// Consecutive failures per policy, for the retry backoff.
@@ -114,7 +114,7 @@ pub struct ContextParts {
     pub serving: watch::Receiver<ServingCert>,
     pub neighbours: Arc<neighbours::Neighbours>,
     pub values: Arc<ValuesCache>,
-    pub namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+    pub namespaces: Arc<Mutex<crate::view::Namespaces>>,
 }
 
 impl Context {
@@ -268,7 +268,7 @@ pub(crate) mod tests {
             policies: Store<InjectionPolicy>,
             ca_bundle: watch::Receiver<Option<Arc<String>>>,
             leading: Leadership,
-            namespaces: Arc<Mutex<crate::coverage::Namespaces>>,
+            namespaces: Arc<Mutex<crate::view::Namespaces>>,
         ) -> Self {
             ContextParts {
                 client,

@@ -25,16 +25,14 @@ use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus, Mode, ProbeStatus, condition};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
-use crate::coverage::{Namespaces, Policies};
 use crate::policy::enforcement;
 use crate::verdict::{
     self, Answer, Judgement, NamespaceProbe, Probe, Subject, TokenBucket, Window, reason,
 };
+use crate::view::{Namespaces, Policies};
 use splice_engine::entry::{webhook_name, webhook_name_of};
 
-/// The field manager of the Verified condition and `status.probe`: its own, so the reconciler's
-/// apply of the rest of the status (manager `splice`) neither removes nor fights over them.
-pub const PROBE_MANAGER: &str = "splice-probe";
+pub use crate::status::PROBE_MANAGER;
 /// All of the probe's requests together, per second: however many policies there are, the probe
 /// costs the API server at most this.
 pub const MAX_REQUESTS_PER_SECOND: f64 = 5.0;

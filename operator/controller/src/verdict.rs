@@ -32,13 +32,6 @@ pub const WINDOW: usize = 20;
 /// Fewer samples than this never make a policy slow: one slow answer is not a trend.
 pub const MIN_SLOW_SAMPLES: usize = 3;
 
-/// Removes what the probe owns (status.probe and the Verified condition) from a status, so the
-/// reconciler neither compares nor applies it.
-pub fn strip(status: &mut InjectionPolicyStatus) {
-    status.probe = None;
-    status.conditions.retain(|c| c.type_ != condition::VERIFIED);
-}
-
 /// The Pod Security enforce level of a namespace, as the admission reads it.
 pub fn enforce_level(namespace: &NamespaceContext) -> &str {
     namespace
@@ -169,7 +162,7 @@ pub fn probe_pod(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
     /// Admitted; `revision` is the policy's entry in the returned pod's `splice.dev/status`, as
-    /// coverage reads it ([`crate::coverage::version`]), when it carries one.
+    /// coverage reads it ([`crate::view::version`]), when it carries one.
     Admitted { revision: Option<String> },
     /// Refused, with the API server's own message.
     Refused { code: u16, message: String },
@@ -198,7 +191,7 @@ pub fn injected_revision(pod_json: &str, policy: &str) -> Result<Option<String>,
     splice_engine::provenance(pod_json)
         .map(|p| {
             p.get(policy)
-                .map(|e| crate::coverage::version(&e.hash, &e.data))
+                .map(|e| crate::view::version(&e.hash, &e.data))
         })
         .map_err(|e| e.to_string())
 }
@@ -1052,28 +1045,6 @@ mod tests {
         assert_eq!(flipped.status, "False");
         assert_eq!(p.result, reason::NOT_INJECTED);
         assert_eq!(p.affected_namespaces, ["a"]);
-    }
-
-    #[test]
-    fn the_reconciler_leaves_out_what_the_probe_owns() {
-        let mut s = InjectionPolicyStatus {
-            conditions: [condition::READY, condition::VERIFIED]
-                .map(|type_| Condition {
-                    type_: type_.into(),
-                    status: "True".into(),
-                    reason: "R".into(),
-                    message: String::new(),
-                    observed_generation: None,
-                    last_transition_time: Time(Timestamp::UNIX_EPOCH),
-                })
-                .to_vec(),
-            probe: Some(ProbeStatus::default()),
-            ..Default::default()
-        };
-        strip(&mut s);
-        assert_eq!(s.conditions.len(), 1);
-        assert_eq!(s.conditions[0].type_, condition::READY);
-        assert!(s.probe.is_none());
     }
 
     #[test]

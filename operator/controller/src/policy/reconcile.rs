@@ -30,6 +30,7 @@ use super::render::{RenderContext, RenderError, render_group};
 use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
+use crate::status::Owner;
 use crate::verdict::{self, Answer};
 use splice_engine::entry::{Group, Plan, webhook_configuration_name};
 
@@ -419,9 +420,7 @@ async fn report(
     // Verified condition to the probe's, status.rollout and RolledOut to the rollout's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
     let current = ctx.last_known_status(policy).map(|mut s| {
-        s.coverage = None;
-        crate::verdict::strip(&mut s);
-        crate::rollout::strip(&mut s);
+        Owner::Reconcile.keep_own(&mut s);
         s
     });
     let now = Timestamp::now();

@@ -167,7 +167,7 @@ fn context_with(
     }
     let (_ca_tx, ca) = watch::channel(Some(Arc::new("-----BEGIN CERTIFICATE-----\n".to_owned())));
     // The senders may go: a receiver keeps the last value.
-    let namespaces = Arc::new(Mutex::new(crate::coverage::Namespaces {
+    let namespaces = Arc::new(Mutex::new(crate::view::Namespaces {
         contexts: namespaces
             .iter()
             .map(|(name, mesh)| {

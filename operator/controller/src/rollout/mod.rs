@@ -28,23 +28,21 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
-    ConditionStatus, InjectionPolicy, InjectionPolicyStatus, RESTARTED_AT_ANNOTATION,
-    RESTARTED_FOR_ANNOTATION, ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION,
-    ROLLOUT_RESUME_ANNOTATION, RolloutPhase, RolloutStatus, STATUS_ANNOTATION, StableRevision,
-    condition, set_condition,
+    ConditionStatus, InjectionPolicy, RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION,
+    ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
+    RolloutStatus, STATUS_ANNOTATION, StableRevision, condition, set_condition,
 };
 use splice_engine::Exclusions;
 use splice_engine::entry::CanaryScope;
 use splice_engine::selector::Selector;
 
 use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workload, WorkloadRef};
-use crate::coverage::{self, Observed, PodState, Policies};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::in_force;
+use crate::view::{self, LeaderView, PodState, Policies};
 
-/// The field manager of the restart annotations and of `status.rollout` and `RolledOut`.
-pub const ROLLOUT_MANAGER: &str = "splice-rollout";
+pub use crate::status::ROLLOUT_MANAGER;
 /// One planning pass at most this often.
 pub const PERIOD: Duration = Duration::from_secs(5);
 /// Progress (counts) is written to status at most this often per policy; a phase change is
@@ -111,7 +109,7 @@ pub async fn run(
     client: Client,
     config: Config,
     policies: Policies,
-    observed: Observed,
+    observed: LeaderView,
     metrics: Arc<Metrics>,
     recorder: Recorder,
     leading: Leadership,
@@ -204,7 +202,7 @@ struct Candidate {
 }
 
 impl Loop {
-    async fn run(mut self, policies: Policies, observed: Observed, caches: Caches) {
+    async fn run(mut self, policies: Policies, observed: LeaderView, caches: Caches) {
         let Policies {
             cache: policies,
             mut listed,
@@ -252,7 +250,7 @@ impl Loop {
                     }
                     // The generation this replica's webhook serves: what new pods get.
                     let compiled = in_force::in_force_of(&served, &policy.name_any())?;
-                    let revision = coverage::revision(&compiled);
+                    let revision = view::revision(&compiled);
                     let canary = in_force::open_canary(&policy, compiled.template_hash())
                         .map(|(c, _)| CanaryScope::of(c));
                     let stable = in_force::stable(&policy).cloned();
@@ -330,9 +328,9 @@ impl Loop {
                     halted_at: c.halt.as_ref().and_then(|(_, at)| *at),
                     held: c.held,
                     resumed_at: c.resumed_at,
-                    pods: coverage::classify(
+                    pods: view::classify(
                         &c.compiled,
-                        coverage::in_force_since(&c.policy),
+                        view::in_force_since(&c.policy),
                         &contexts,
                         &exclusions,
                         pods.iter().map(|p| &**p),
@@ -699,15 +697,6 @@ fn manual_note(manual: i64) -> String {
     }
 }
 
-/// Leaves out of `status` what the rollout owns (`status.rollout`, `RolledOut`), so that the
-/// reconciler's apply neither compares nor reverts it.
-pub fn strip(status: &mut InjectionPolicyStatus) {
-    status.rollout = None;
-    status
-        .conditions
-        .retain(|c| c.type_ != condition::ROLLED_OUT);
-}
-
 /// What the rollout reads of a workload, the same for the three kinds it restarts.
 struct Parts<'a> {
     selector: &'a LabelSelector,
@@ -997,7 +986,7 @@ async fn dry_run(
             workload: id.to_string(),
             source,
         })?;
-    let injected = coverage::injected_versions(created.metadata.annotations.as_ref());
+    let injected = view::injected_versions(created.metadata.annotations.as_ref());
     match injected.iter().find(|(p, _)| p == policy) {
         Some((_, h)) if h == revision => Ok(()),
         other => Err(Error::NotServedYet {
@@ -1164,34 +1153,5 @@ mod tests {
         .into();
         assert_eq!(injected_containers(Some(&a), "mesh"), ["proxy", "init"]);
         assert!(injected_containers(None, "mesh").is_empty());
-    }
-
-    #[test]
-    fn the_reconcilers_view_leaves_the_rollouts_fields_out() {
-        let mut s = InjectionPolicyStatus {
-            rollout: Some(RolloutStatus::default()),
-            ..Default::default()
-        };
-        set_condition(
-            &mut s.conditions,
-            condition::ROLLED_OUT,
-            ConditionStatus::True,
-            "Complete",
-            "",
-            None,
-            Timestamp::UNIX_EPOCH,
-        );
-        set_condition(
-            &mut s.conditions,
-            condition::READY,
-            ConditionStatus::True,
-            "Configured",
-            "",
-            None,
-            Timestamp::UNIX_EPOCH,
-        );
-        strip(&mut s);
-        assert!(s.rollout.is_none());
-        assert_eq!(s.conditions.len(), 1);
     }
 }

@@ -10,6 +10,8 @@ use k8s_openapi::jiff::Timestamp;
 use splice_crds::{RolloutPhase, RolloutStatus};
 use splice_engine::selector::Selector;
 
+pub use crate::view::PodOwner;
+
 /// The workload kinds a rollout restarts (through their pod template).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
@@ -36,31 +38,6 @@ impl Kind {
                 | (Kind::StatefulSet, PodOwner::StatefulSet)
                 | (Kind::DaemonSet, PodOwner::DaemonSet)
         )
-    }
-}
-
-/// The kind of a pod's controller (its ownerReference with `controller: true`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum PodOwner {
-    /// A bare pod.
-    #[default]
-    None,
-    ReplicaSet,
-    StatefulSet,
-    DaemonSet,
-    Job,
-    Other,
-}
-
-impl PodOwner {
-    pub fn from_kind(kind: &str) -> Self {
-        match kind {
-            "ReplicaSet" => PodOwner::ReplicaSet,
-            "StatefulSet" => PodOwner::StatefulSet,
-            "DaemonSet" => PodOwner::DaemonSet,
-            "Job" => PodOwner::Job,
-            _ => PodOwner::Other,
-        }
     }
 }
 

@@ -24,7 +24,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::reconcile::{error_policy, reconcile};
 use crate::policy::{neighbours, validating};
-use crate::{Context, Settings, certs, coverage, guard, probe, rollout};
+use crate::{Context, Settings, certs, coverage, guard, probe, rollout, view};
 
 /// The tasks of one leadership term, owned together: ending the term (or dropping it) aborts
 /// every one of them, whichever await each is in. A dropped `JoinHandle` would detach its task
@@ -148,7 +148,7 @@ pub(super) fn lead(
     ));
     // One namespace watch and one pod watch for coverage, the probe, the rollout and the
     // reconcile's evidence of enforcement.
-    let observed = coverage::Observed::default();
+    let observed = view::LeaderView::default();
     let namespaces = Arc::clone(&observed.namespaces);
     let ctx = Arc::new(Context::new(
         &settings,
@@ -166,11 +166,11 @@ pub(super) fn lead(
             namespaces: Arc::clone(&namespaces),
         },
     ));
-    term.spawn(coverage::watch_namespaces(
+    term.spawn(view::watch_namespaces(
         Api::all(client.clone()),
         Arc::clone(&namespaces),
     ));
-    term.spawn(coverage::watch_pods(
+    term.spawn(view::watch_pods(
         Api::all(client.clone()),
         Arc::clone(&observed.pods),
     ));
@@ -180,7 +180,7 @@ pub(super) fn lead(
             splice_namespace: settings.namespace.clone(),
             max_concurrent: settings.rollout_max_concurrent,
         },
-        coverage::Policies {
+        view::Policies {
             cache: controller.store(),
             listed: listed.clone(),
             webhook_policies: Arc::clone(&served),
@@ -193,7 +193,7 @@ pub(super) fn lead(
     term.spawn(coverage::run(
         client.clone(),
         settings.namespace.clone(),
-        coverage::Policies {
+        view::Policies {
             cache: controller.store(),
             listed: listed.clone(),
             webhook_policies: Arc::clone(&served),
@@ -210,7 +210,7 @@ pub(super) fn lead(
                 interval,
                 splice_namespace: settings.namespace.clone(),
             },
-            coverage::Policies {
+            view::Policies {
                 cache: ctx.policies.clone(),
                 listed,
                 webhook_policies: served,
