@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use splice_crds::{EnforcementStatus, InjectionPolicy, InjectionPolicyStatus, MANAGER};
-use splice_engine::{CompiledPolicy, PolicyError, ValuesFromError};
+use splice_engine::{CompiledPolicy, NamespaceContext, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
 use super::conditions::{
@@ -134,7 +134,9 @@ async fn look(
             return None;
         }
     };
-    if recorded_enforcement(known, generation).is_some() {
+    // Recorded already, or Ready is False for the data of valuesFrom whatever the API server does.
+    if recorded_enforcement(known, generation).is_some() || values_problem(ctx, compiled).is_some()
+    {
         ctx.forget_awaiting(&name);
         return None;
     }
@@ -187,7 +189,8 @@ async fn sight(
     compiled: &CompiledPolicy,
 ) -> Sighting {
     let name = policy.name_any();
-    let planned = {
+    let exclusions = splice_engine::Exclusions::default_for(&ctx.namespace);
+    let planned: Vec<NamespaceContext> = {
         let namespaces = ctx
             .namespaces
             .lock()
@@ -195,8 +198,10 @@ async fn sight(
         if !namespaces.synced {
             return Sighting::NamespacesUnknown;
         }
-        let exclusions = splice_engine::Exclusions::default_for(&ctx.namespace);
         verdict::plan_namespaces(compiled, namespaces.contexts.values(), &exclusions, &[])
+            .into_iter()
+            .filter_map(|n| namespaces.contexts.get(&n).cloned())
+            .collect()
     };
     if planned.is_empty() {
         return Sighting::Unprobeable(
@@ -219,12 +224,20 @@ async fn sight(
     let timeout = Duration::from_secs(u64::try_from(compiled.spec().timeout_seconds).unwrap_or(10))
         + LOOK_SLACK;
     let mut unanswered = Vec::new();
-    for namespace in planned.into_iter().take(LOOK_NAMESPACES) {
+    for context in planned.into_iter().take(LOOK_NAMESPACES) {
+        let namespace = context.name.clone();
         let pod_name = format!("splice-enforced-{:x}", Timestamp::now().as_nanosecond());
-        let pod = match verdict::probe_pod(&pod_name, &name, &labels, false) {
+        let mut pod = match verdict::probe_pod(&pod_name, &name, &labels, false) {
             Ok(p) => p,
             Err(why) => return Sighting::Unprobeable(format!("no probe pod can be made: {why}")),
         };
+        pod.metadata.namespace = Some(namespace.clone());
+        // A pod this policy would not inject (a template reading a pod field the probe pod
+        // lacks) shows nothing either way: the engine the webhook runs says so first.
+        if let Err(why) = would_inject(compiled, &pod, &context, &exclusions) {
+            unanswered.push(format!("in namespace {namespace}, {why}"));
+            continue;
+        }
         let sent = Timestamp::now();
         let probe =
             crate::probe::dry_run_create(&ctx.client, &namespace, &pod, &name, timeout).await;
@@ -256,6 +269,38 @@ async fn sight(
 
 /// The API server's own time on top of the webhook's timeout.
 const LOOK_SLACK: Duration = Duration::from_secs(5);
+
+/// Whether the engine (the webhook's, and the in-tree form's equal) injects `policy` into the
+/// probe pod `pod` in `namespace`; why not, when it does not.
+fn would_inject(
+    policy: &CompiledPolicy,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    namespace: &NamespaceContext,
+    exclusions: &splice_engine::Exclusions,
+) -> Result<(), String> {
+    let text = serde_json::to_string(pod).map_err(|e| format!("the probe pod: {e}"))?;
+    let parsed = splice_engine::Pod::parse(&text).map_err(|e| format!("the probe pod: {e}"))?;
+    let request = splice_engine::PodRequest {
+        operation: splice_crds::Operation::Create,
+        object: &parsed,
+        namespace,
+        exclusions,
+        selection: splice_engine::Selection::Evaluate,
+    };
+    match splice_engine::inject(policy, &request) {
+        Ok(splice_engine::Decision::Inject(i)) if i.changed => Ok(()),
+        Ok(splice_engine::Decision::Inject(_)) => {
+            Err("the policy injects nothing into the probe pod".to_owned())
+        }
+        Ok(splice_engine::Decision::Skip(reason)) => Err(format!(
+            "the policy leaves the probe pod alone ({})",
+            <&'static str>::from(reason)
+        )),
+        Err(e) => Err(format!(
+            "the policy cannot be rendered for the probe pod: {e}"
+        )),
+    }
+}
 
 /// What acting on a decision did.
 struct Acted {

@@ -391,6 +391,45 @@ async fn without_a_selected_namespace_ready_waits_the_settle_time_and_names_that
 }
 
 #[tokio::test]
+async fn a_template_the_probe_pod_cannot_satisfy_is_not_probed_and_ready_waits_the_settle_time() {
+    let api = Shared::default();
+    let mut p = policy();
+    // The probe pod carries no `app` label: the engine refuses to render it, so a dry run
+    // would come back uninjected whether or not the API server enforces the policy.
+    p.spec = serde_json::from_value(json!({
+        "mode": "Webhook",
+        "namespaceSelector": {"matchLabels": {"mesh": "on"}},
+        "template": {"annotations": {"app": "{{ pod.metadata.labels.app }}"}}
+    }))
+    .unwrap();
+    let ctx = context(fake_api(Arc::clone(&api)), true, &[p.clone()]);
+    let mut current = p.clone();
+    let mut status = Value::Null;
+    for _ in 0..10 {
+        reconcile(Arc::new(current), Arc::clone(&ctx))
+            .await
+            .unwrap();
+        status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+        if ready(&status)["status"] == "True" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        current = with_written_status(&api);
+        current.spec = p.spec.clone();
+    }
+    assert_eq!(ready(&status)["status"], "True", "{status}");
+    assert_eq!(status["enforcement"]["evidence"], "SettleTime");
+    assert!(
+        status["enforcement"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be rendered for the probe pod"),
+        "{status}"
+    );
+    assert!(api.lock().unwrap().dry_runs.is_empty(), "no dry run");
+}
+
+#[tokio::test]
 async fn a_reconcile_before_the_status_write_is_watched_does_not_write_again() {
     let api = Shared::default();
     let ctx = context(fake_api(Arc::clone(&api)), true, &[policy()]);
