@@ -527,3 +527,12 @@ pub fn audit_events(log: &std::path::Path) -> Result<Vec<serde_json::Value>> {
         .filter(|e| e["stage"] == "ResponseComplete")
         .collect())
 }
+
+/// The `q` quantile (0 to 1) of `sorted` samples, nearest rank; zero without samples.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}

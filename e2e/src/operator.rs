@@ -1084,3 +1084,21 @@ pub async fn ensure_restarted_once(
     let policies: Api<InjectionPolicy> = Api::all(client.clone());
     ensure_rolled_out(&policies, name, "True", "Complete").await
 }
+
+/// Sends signal `name` (`STOP`, `CONT`, ...) to a running `splice run`.
+pub fn signal(splice: &Splice, name: &str) -> Result<()> {
+    let pid = splice
+        .child
+        .as_ref()
+        .context("the replica is not running")?
+        .0
+        .id();
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()?;
+    if !status.success() {
+        bail!("kill -{name} {pid} failed");
+    }
+    Ok(())
+}

@@ -9,10 +9,9 @@
 mod operator;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -93,23 +92,6 @@ fn kubeconfig_as(user: &str, path: &PathBuf) -> Result<()> {
     config["users"][0]["user"]["as"] = json!(user);
     config["users"][0]["user"]["as-groups"] = json!(["system:masters", "system:authenticated"]);
     std::fs::write(path, serde_json::to_vec_pretty(&config)?)?;
-    Ok(())
-}
-
-fn signal(splice: &Splice, name: &str) -> Result<()> {
-    let pid = splice
-        .child
-        .as_ref()
-        .context("the replica is not running")?
-        .0
-        .id();
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()?;
-    if !status.success() {
-        bail!("kill -{name} {pid} failed");
-    }
     Ok(())
 }
 

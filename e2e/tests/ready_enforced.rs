@@ -25,21 +25,13 @@ use splice_e2e::{AgnhostWebhook, TestNamespace, WebhookConfigurationGuard, dry_r
 
 const REPORT: &str = "ready_enforced";
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn summary(what: &str, mut samples: Vec<Duration>) -> String {
     samples.sort();
     format!(
         "{what}: n={} p50={:.0} ms p99={:.0} ms max={:.0} ms",
         samples.len(),
-        percentile(&samples, 50.0).as_secs_f64() * 1000.0,
-        percentile(&samples, 99.0).as_secs_f64() * 1000.0,
+        splice_e2e::quantile(&samples, 0.5).as_secs_f64() * 1000.0,
+        splice_e2e::quantile(&samples, 0.99).as_secs_f64() * 1000.0,
         samples.last().copied().unwrap_or_default().as_secs_f64() * 1000.0
     )
 }
@@ -419,21 +411,6 @@ async fn after_kubectl_wait_ready_at_the_new_generation_a_pod_never_gets_the_pre
         summary("template change: apply -> Ready", ready_after),
     );
     ensure!(stale.is_empty(), "pods with another template: {stale:?}");
-    Ok(())
-}
-
-fn signal(splice: &Splice, name: &str) -> Result<()> {
-    let pid = splice
-        .child
-        .as_ref()
-        .context("splice is not running")?
-        .0
-        .id();
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()?;
-    ensure!(status.success(), "kill -{name} {pid} failed");
     Ok(())
 }
 

@@ -106,18 +106,13 @@ async fn patch_via_replica(port: u16, policy: &str, namespace: &str) -> Result<S
     Ok(String::from_utf8_lossy(&bytes.0).into_owned())
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 fn report(via: &str, mut samples: Vec<Duration>) {
     samples.sort();
     println!(
         "REPORT values_from propagation via={via} n={} p50={:.0}ms p99={:.0}ms max={:.0}ms",
         samples.len(),
-        percentile(&samples, 0.5).as_secs_f64() * 1000.0,
-        percentile(&samples, 0.99).as_secs_f64() * 1000.0,
+        splice_e2e::quantile(&samples, 0.5).as_secs_f64() * 1000.0,
+        splice_e2e::quantile(&samples, 0.99).as_secs_f64() * 1000.0,
         samples.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
     );
 }

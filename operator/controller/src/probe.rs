@@ -233,9 +233,9 @@ pub(crate) async fn dry_run_create(
         Err(_) => Answer::Failed(format!("no answer within {timeout:?}")),
         Ok(Ok(created)) => match serde_json::to_string(&created)
             .map_err(|e| e.to_string())
-            .and_then(|text| verdict::injected_revision(&text, policy))
+            .and_then(|text| verdict::injected_hash(&text, policy))
         {
-            Ok(revision) => Answer::Admitted { revision },
+            Ok(hash) => Answer::Admitted { hash },
             Err(e) => Answer::Failed(format!("reading the pod the API server returned: {e}")),
         },
         Ok(Err(kube::Error::Api(s))) => Answer::Refused {

@@ -161,9 +161,9 @@ pub fn probe_pod(
 /// What the API server answered to one dry-run create.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// Admitted; `revision` is the policy's entry in the returned pod's `splice.dev/status`, as
-    /// coverage reads it ([`crate::view::version`]), when it carries one.
-    Admitted { revision: Option<String> },
+    /// Admitted; `hash` is the template hash of the policy's entry in the returned pod's
+    /// `splice.dev/status`, when it carries one.
+    Admitted { hash: Option<String> },
     /// Refused, with the API server's own message.
     Refused { code: u16, message: String },
     /// No answer (connection, timeout, an unreadable reply): nobody's verdict.
@@ -186,13 +186,11 @@ pub fn without_pod_name(message: &str, pod_name: &str) -> String {
     message.replace(pod_name, PROBE_POD_PLACEHOLDER)
 }
 
-/// The revision of `policy`'s injection the pod the API server returned (JSON) carries, if any.
-pub fn injected_revision(pod_json: &str, policy: &str) -> Result<Option<String>, String> {
+/// The template hash of `policy`'s injection the pod the API server returned (JSON) carries, if
+/// any.
+pub fn injected_hash(pod_json: &str, policy: &str) -> Result<Option<String>, String> {
     splice_engine::provenance(pod_json)
-        .map(|p| {
-            p.get(policy)
-                .map(|e| crate::view::version(&e.hash, &e.data))
-        })
+        .map(|mut p| p.remove(policy).map(|e| e.hash))
         .map_err(|e| e.to_string())
 }
 
@@ -249,8 +247,8 @@ fn names_container(message: &str, name: &str) -> bool {
 /// Reads one namespace's probe.
 pub fn classify(probe: &NamespaceProbe, subject: &Subject) -> Finding {
     match &probe.injected.answer {
-        Answer::Admitted { revision: Some(_) } => Finding::Admitted,
-        Answer::Admitted { revision: None } => Finding::NotInjected(
+        Answer::Admitted { hash: Some(_) } => Finding::Admitted,
+        Answer::Admitted { hash: None } => Finding::NotInjected(
             "the API server admitted it without this policy's injection and said nothing about \
              the webhook: it was not reached (failurePolicy Ignore hides why) or did not act"
                 .to_owned(),
@@ -700,7 +698,7 @@ mod tests {
     fn admitted(injected: bool, ms: u64) -> Probe {
         Probe {
             answer: Answer::Admitted {
-                revision: injected.then(|| "h".to_owned()),
+                hash: injected.then(|| "h".to_owned()),
             },
             round_trip: Duration::from_millis(ms),
         }
@@ -846,9 +844,9 @@ mod tests {
             "splice.dev/status": "{\"logs\":{\"hash\":\"h\"}}"
         }}})
         .to_string();
-        assert_eq!(injected_revision(&pod, "logs"), Ok(Some("h".to_owned())));
-        assert_eq!(injected_revision(&pod, "mesh"), Ok(None));
-        assert_eq!(injected_revision("{}", "mesh"), Ok(None));
+        assert_eq!(injected_hash(&pod, "logs"), Ok(Some("h".to_owned())));
+        assert_eq!(injected_hash(&pod, "mesh"), Ok(None));
+        assert_eq!(injected_hash("{}", "mesh"), Ok(None));
     }
 
     #[test]

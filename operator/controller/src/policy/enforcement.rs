@@ -261,15 +261,31 @@ pub fn evidence_sentence(e: &EnforcementStatus) -> String {
     }
 }
 
-/// What the reconcile knows of enforcement for `generation` this time.
+/// What the reconcile knows of enforcement for `generation` this time: decided once, by its look.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Known<'a> {
-    /// Ready is not True anyway (paused, invalid, failed): enforcement is not reported.
+pub enum Known {
+    /// Ready is not True anyway (paused, invalid, failed, a `valuesFrom` problem): enforcement is
+    /// not reported.
     NotApplicable,
     /// The status already holds evidence for this generation.
-    Recorded(&'a EnforcementStatus),
+    Recorded(EnforcementStatus),
     /// This look's verdict.
-    Judged(&'a Verdict),
+    Judged(Verdict),
+}
+
+impl Known {
+    /// When the reconcile should look again.
+    pub fn retry(&self) -> Option<Duration> {
+        match self {
+            Known::Judged(v) => v.retry(),
+            Known::NotApplicable | Known::Recorded(_) => None,
+        }
+    }
+
+    /// True while a look found no evidence (what `splice_policy_not_enforced` reports).
+    pub fn not_enforced(&self) -> bool {
+        matches!(self, Known::Judged(v) if !matches!(v, Verdict::Enforced(_)))
+    }
 }
 
 /// Applies enforcement to `status`, whose Ready was computed as if the generation were enforced:
@@ -280,7 +296,7 @@ pub fn gate(
     status: &mut InjectionPolicyStatus,
     previous: Option<&InjectionPolicyStatus>,
     generation: Option<i64>,
-    known: &Known<'_>,
+    known: &Known,
     now: Timestamp,
 ) {
     let ready_true = status
@@ -296,7 +312,7 @@ pub fn gate(
             status.enforcement = None;
             return;
         }
-        Known::Recorded(e) => Some((*e).clone()),
+        Known::Recorded(e) => Some(e.clone()),
         Known::Judged(Verdict::Enforced(e)) => Some(e.clone()),
         Known::Judged(_) => None,
     };
@@ -508,7 +524,7 @@ mod tests {
             &mut s,
             None,
             Some(2),
-            &Known::Judged(&v),
+            &Known::Judged(v),
             t("2026-01-01T00:00:05Z"),
         );
         let r = ready_of(&s);
@@ -544,7 +560,7 @@ mod tests {
             &mut s,
             Some(&before),
             Some(2),
-            &Known::Judged(&v),
+            &Known::Judged(v),
             t("2026-01-01T00:00:05Z"),
         );
         let r = ready_of(&s);
@@ -571,7 +587,7 @@ mod tests {
             &mut s,
             Some(&before),
             Some(2),
-            &Known::Judged(&Verdict::Enforced(e.clone())),
+            &Known::Judged(Verdict::Enforced(e.clone())),
             t("2026-01-01T00:00:06Z"),
         );
         let r = ready_of(&s);
@@ -588,7 +604,7 @@ mod tests {
             &mut again,
             Some(&s),
             Some(2),
-            &Known::Recorded(&e),
+            &Known::Recorded(e.clone()),
             t("2026-01-01T00:09:00Z"),
         );
         assert_eq!(again, s);
@@ -609,7 +625,7 @@ mod tests {
             &mut s,
             Some(&before),
             Some(2),
-            &Known::Judged(&v),
+            &Known::Judged(v),
             t("2026-01-01T00:00:40Z"),
         );
         let r = ready_of(&s);

@@ -15,7 +15,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{EnforcementStatus, InjectionPolicy, InjectionPolicyStatus, MANAGER};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
 use splice_engine::{CompiledPolicy, NamespaceContext, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
@@ -110,35 +110,40 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     ctx.neighbours
         .observed(policy, desired.partners.clone(), &desired.plan);
     let acted = act(ctx, policy, &desired).await?;
-    let verdict = look(ctx, policy, &desired, &acted.outcome, known.as_ref()).await;
-    report(ctx, policy, &desired, acted, verdict.as_ref()).await
+    let enforced = look(ctx, policy, &desired, &acted.outcome, known.as_ref()).await;
+    report(ctx, policy, &desired, acted, enforced).await
 }
 
-/// Whether the API server enforces the generation just put in force, when the status holds no
-/// evidence for it yet: a dry-run pod in a namespace the policy selects (the next one where
-/// other admission refuses it), judged by [`enforcement::judge`]. `None` when nothing is to be
-/// looked at: the outcome is not a served one, or the evidence is already recorded.
+/// Whether the API server enforces the generation just put in force: the evidence the status
+/// holds for it, else a dry-run pod in a namespace the policy selects (the next one where other
+/// admission refuses it), judged by [`enforcement::judge`]; not applicable when Ready is False
+/// anyway (an outcome that serves nothing new, paused, a `valuesFrom` problem).
 async fn look(
     ctx: &Context,
     policy: &InjectionPolicy,
     d: &Desired<'_>,
     outcome: &WebhookOutcome,
     known: Option<&InjectionPolicyStatus>,
-) -> Option<Verdict> {
+) -> Known {
     let name = policy.name_any();
     let generation = policy.metadata.generation.unwrap_or_default();
     let compiled = match (&d.in_force, outcome, policy.spec.paused) {
-        (InForce::Current(c), WebhookOutcome::Applied { .. }, false) => c,
+        (InForce::Current(c), WebhookOutcome::Applied { .. }, false)
+            if values_problem(ctx, c).is_none() =>
+        {
+            c
+        }
         _ => {
             ctx.forget_awaiting(&name);
-            return None;
+            return Known::NotApplicable;
         }
     };
-    // Recorded already, or Ready is False for the data of valuesFrom whatever the API server does.
-    if recorded_enforcement(known, generation).is_some() || values_problem(ctx, compiled).is_some()
+    if let Some(e) = known
+        .and_then(|s| s.enforcement.as_ref())
+        .filter(|e| e.observed_generation == generation)
     {
         ctx.forget_awaiting(&name);
-        return None;
+        return Known::Recorded(e.clone());
     }
     let now = Timestamp::now();
     let awaiting = ctx.look_at(policy, generation, now);
@@ -164,17 +169,7 @@ async fn look(
         ctx.forget_awaiting(&name);
     }
     tracing::debug!(policy = %name, generation, ?sighting, ?verdict, "enforcement");
-    Some(verdict)
-}
-
-/// The evidence the status already holds for `generation`.
-fn recorded_enforcement(
-    status: Option<&InjectionPolicyStatus>,
-    generation: i64,
-) -> Option<&EnforcementStatus> {
-    status
-        .and_then(|s| s.enforcement.as_ref())
-        .filter(|e| e.observed_generation == generation)
+    Known::Judged(verdict)
 }
 
 /// At most this many namespaces are tried for one look, when other admission refuses the pod.
@@ -242,11 +237,10 @@ async fn sight(
         let probe =
             crate::probe::dry_run_create(&ctx.client, &namespace, &pod, &name, timeout).await;
         match probe.answer {
-            Answer::Admitted { revision } => {
+            Answer::Admitted { hash } => {
                 return Sighting::Pod {
                     namespace,
-                    // The version starts with the template hash (`coverage::version`).
-                    hash: revision.and_then(|r| r.split(' ').next().map(str::to_owned)),
+                    hash,
                     sent,
                 };
             }
@@ -418,7 +412,7 @@ async fn report(
     policy: &InjectionPolicy,
     d: &Desired<'_>,
     acted: Acted,
-    verdict: Option<&Verdict>,
+    enforced: Known,
 ) -> Result<Action, Error> {
     let Acted {
         outcome,
@@ -483,19 +477,8 @@ async fn report(
         status.mode = previous.or(status.mode);
     }
     // Ready for this generation only once the API server is seen enforcing it.
-    let known = match (verdict, generation) {
-        (Some(v), _) => Known::Judged(v),
-        (None, Some(g)) if served_somehow => match recorded_enforcement(current.as_ref(), g) {
-            Some(e) => Known::Recorded(e),
-            None => Known::NotApplicable,
-        },
-        _ => Known::NotApplicable,
-    };
-    enforcement::gate(&mut status, current.as_ref(), generation, &known, now);
-    ctx.metrics.set_not_enforced(
-        &name,
-        matches!(known, Known::Judged(v) if !matches!(v, Verdict::Enforced(_))),
-    );
+    enforcement::gate(&mut status, current.as_ref(), generation, &enforced, now);
+    ctx.metrics.set_not_enforced(&name, enforced.not_enforced());
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
     if current.as_ref() != Some(&status) {
@@ -509,10 +492,7 @@ async fn report(
         publish(ctx, policy, event).await;
     }
 
-    let again = [settling, verdict.and_then(Verdict::retry)]
-        .into_iter()
-        .flatten()
-        .min();
+    let again = [settling, enforced.retry()].into_iter().flatten().min();
     match failure {
         Some(e) => Err(e),
         None => Ok(Action::requeue(again.unwrap_or(RESYNC))),

@@ -243,6 +243,24 @@ async fn until_ready(api: &Shared, ctx: &Arc<Context>, first: InjectionPolicy) -
     actions
 }
 
+/// Reconciles `first`, then it as the watch delivers it after each status write, every 500 ms
+/// (at most 10 times) until Ready is True; returns the last status written.
+async fn settle(api: &Shared, ctx: &Arc<Context>, first: InjectionPolicy) -> Value {
+    let mut current = first.clone();
+    let mut status = Value::Null;
+    for _ in 0..10 {
+        reconcile(Arc::new(current), Arc::clone(ctx)).await.unwrap();
+        status = api.lock().unwrap().status_writes.last().cloned().unwrap();
+        if ready(&status)["status"] == "True" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        current = with_written_status(api);
+        current.spec = first.spec.clone();
+    }
+    status
+}
+
 #[tokio::test]
 async fn a_new_policy_is_ready_once_a_dry_run_pod_comes_back_injected_then_costs_one_read() {
     let api = Shared::default();
@@ -360,19 +378,7 @@ async fn without_a_selected_namespace_ready_waits_the_settle_time_and_names_that
         &[("apps", "off")],
     );
     let started = std::time::Instant::now();
-    let mut current = policy();
-    let mut status = Value::Null;
-    for _ in 0..10 {
-        reconcile(Arc::new(current), Arc::clone(&ctx))
-            .await
-            .unwrap();
-        status = api.lock().unwrap().status_writes.last().cloned().unwrap();
-        if ready(&status)["status"] == "True" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        current = with_written_status(&api);
-    }
+    let status = settle(&api, &ctx, policy()).await;
     assert_eq!(ready(&status)["status"], "True", "{status}");
     assert!(
         started.elapsed() >= super::enforcement::SETTLE,
@@ -403,20 +409,7 @@ async fn a_template_the_probe_pod_cannot_satisfy_is_not_probed_and_ready_waits_t
     }))
     .unwrap();
     let ctx = context(fake_api(Arc::clone(&api)), true, &[p.clone()]);
-    let mut current = p.clone();
-    let mut status = Value::Null;
-    for _ in 0..10 {
-        reconcile(Arc::new(current), Arc::clone(&ctx))
-            .await
-            .unwrap();
-        status = api.lock().unwrap().status_writes.last().cloned().unwrap();
-        if ready(&status)["status"] == "True" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        current = with_written_status(&api);
-        current.spec = p.spec.clone();
-    }
+    let status = settle(&api, &ctx, p).await;
     assert_eq!(ready(&status)["status"], "True", "{status}");
     assert_eq!(status["enforcement"]["evidence"], "SettleTime");
     assert!(
