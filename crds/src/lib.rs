@@ -21,6 +21,10 @@ pub const MANAGER: &str = "splice";
 pub const OPT_OUT_LABEL: &str = "splice.dev/inject";
 /// Provenance annotation recording what each policy injected.
 pub const STATUS_ANNOTATION: &str = "splice.dev/status";
+/// On a pod updated in place by a rollout, per policy: the revision, when, and what the pod ran
+/// before (images, image IDs, restart counts, the earlier record): the proof and `rollout undo`
+/// read it.
+pub const IN_PLACE_ANNOTATION: &str = "splice.dev/in-place";
 /// Namespaces no policy may ever inject into, whatever its selectors say (Splice's own namespace is
 /// added at run time).
 pub const ALWAYS_EXCLUDED_NAMESPACES: [&str; 2] = ["kube-system", "kube-node-lease"];

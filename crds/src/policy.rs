@@ -151,6 +151,22 @@ pub struct Rollout {
     /// one entry per requirement, each negating it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<Canary>,
+
+    /// How a running pod gets the change: `Auto` updates it in place where Kubernetes allows the
+    /// change on a running pod (an injected container's image, CPU or memory, Splice's labels
+    /// and annotations) and restarts its workload otherwise; `InPlace` never restarts a workload
+    /// and counts the pods it cannot change in place; `Restart` always restarts.
+    #[serde(default)]
+    pub strategy: RolloutStrategy,
+}
+
+/// `spec.rollout.strategy`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RolloutStrategy {
+    #[default]
+    Auto,
+    InPlace,
+    Restart,
 }
 
 impl Default for Rollout {
@@ -161,6 +177,7 @@ impl Default for Rollout {
             timeout: default_rollout_timeout(),
             repair_missed: false,
             canary: None,
+            strategy: RolloutStrategy::Auto,
         }
     }
 }
@@ -559,6 +576,23 @@ pub struct RolloutStatus {
     /// The template hash the canary gets, while a canary is open.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary_revision: Option<String>,
+    /// Pods updated in place for this revision whose proof is not in yet (the kubelet has not
+    /// acted, or the changed container is not running the new image and Ready), within the
+    /// timeout.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub updating: i64,
+    /// Pods updated in place for this revision and proven: same UID, the new image running and
+    /// Ready, no other container restarted.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub updated_in_place: i64,
+    /// Under `strategy: InPlace`, outdated pods whose change needs a restart, which this
+    /// strategy never does: restart their workloads by hand, or use `Auto`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub not_in_place: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// The promoted revision of a policy with `spec.rollout`: the spec it was rendered from, kept so

@@ -305,6 +305,7 @@ mod tests {
                 .map(|h| vec![("mesh".to_owned(), h.to_owned())])
                 .unwrap_or_default(),
             owner: PodOwner::None,
+            in_place: Vec::new(),
         }
     }
 

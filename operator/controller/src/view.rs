@@ -33,9 +33,19 @@ pub struct PodRecord {
     pub injected: Vec<(String, String)>,
     /// The kind of its controller, so the rollout knows which workload can replace it.
     pub owner: PodOwner,
+    /// (policy, revision, when) for each in-place update recorded in `splice.dev/in-place`.
+    pub in_place: Vec<(String, String, Option<Timestamp>)>,
 }
 
 impl PodRecord {
+    /// When `policy` updated the pod in place to `revision`, if it did.
+    pub fn updated_in_place(&self, policy: &str, revision: &str) -> Option<Option<Timestamp>> {
+        self.in_place
+            .iter()
+            .find(|(p, r, _)| p == policy && r == revision)
+            .map(|(_, _, at)| *at)
+    }
+
     pub(crate) fn recorded_hash(&self, policy: &str) -> Option<&str> {
         self.injected
             .iter()
@@ -157,6 +167,29 @@ pub fn injected_versions(annotations: Option<&BTreeMap<String, String>>) -> Vec<
         .unwrap_or_default()
 }
 
+/// (policy, revision, when) of each entry of a pod's `splice.dev/in-place` (written by the
+/// rollout's in-place updates, `rollout::inplace::Marker`); none when absent or unreadable.
+fn in_place_updates(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Vec<(String, String, Option<Timestamp>)> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(default)]
+        revision: String,
+        #[serde(default)]
+        at: String,
+    }
+    annotations
+        .and_then(|a| a.get(splice_crds::IN_PLACE_ANNOTATION))
+        .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
+        .map(|m| {
+            m.into_iter()
+                .map(|(p, e)| (p, e.revision, e.at.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Reads the pod's record from its metadata; `None` for a pod without a namespace.
 pub fn record(
     meta: &PartialObjectMeta<Pod>,
@@ -187,6 +220,7 @@ pub fn record(
         created: meta.metadata.creation_timestamp.as_ref().map(|t| t.0),
         injected,
         owner,
+        in_place: in_place_updates(meta.metadata.annotations.as_ref()),
     })
 }
 

@@ -7,6 +7,7 @@
 
 mod cache;
 mod chain;
+pub mod change;
 mod compile;
 pub mod entry;
 mod error;

@@ -8,7 +8,9 @@
 //! leader sees what the last one restarted (and when, for the timeout) and never restarts a
 //! workload twice for one revision; a halted rollout is kept in `status.rollout`.
 
+pub mod inplace;
 pub mod plan;
+mod pods;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -30,13 +32,17 @@ use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
     ConditionStatus, InjectionPolicy, RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION,
     ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
-    RolloutStatus, STATUS_ANNOTATION, StableRevision, condition, set_condition,
+    RolloutStatus, RolloutStrategy, STATUS_ANNOTATION, StableRevision, condition, set_condition,
 };
 use splice_engine::Exclusions;
 use splice_engine::entry::CanaryScope;
 use splice_engine::selector::Selector;
 
-use self::plan::{Kind, Limits, PodNeed, PodNeeding, PolicyInput, Progress, Workload, WorkloadRef};
+use self::plan::{
+    InPlaceProof, Kind, Limits, PodNeed, PodNeeding, PodPath, PodRef, PolicyInput, Progress,
+    Updating, Workload, WorkloadRef,
+};
+use self::pods::{Resized, Sorted};
 use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::in_force;
@@ -140,6 +146,10 @@ pub async fn run(
         written: Written::new(),
         verified: HashSet::new(),
         reported: HashMap::new(),
+        paths: HashMap::new(),
+        proofs: HashMap::new(),
+        written_pods: HashMap::new(),
+        resizing: HashMap::new(),
     }
     .run(policies, observed, caches);
     tokio::select! {
@@ -181,7 +191,21 @@ struct Loop {
     verified: HashSet<(String, String, String)>,
     /// Per policy: (uid, status.rollout written, when), until the cache shows it.
     reported: HashMap<String, (Option<String>, RolloutStatus, Instant)>,
+    /// Per outdated pod: its change's path as last sorted, so a pod is read in full once per
+    /// revision rather than every pass.
+    paths: HashMap<PodRef, Sorted>,
+    /// Per pod updated in place: (revision, proof) as last read; a proven pod is not read again.
+    proofs: HashMap<PodRef, (String, InPlaceProof)>,
+    /// Pods this replica updated in place, until the cache shows it: (policy, revision, when).
+    written_pods: HashMap<PodRef, (String, String, Timestamp)>,
+    /// Pods resized and waiting for the kubelet before their record is written.
+    resizing: HashMap<PodRef, (String, String, Timestamp)>,
 }
+
+/// How many outdated pods one pass reads in full to sort, at most (the rest wait a pass).
+const SORT_PER_PASS: usize = 500;
+/// Pods read at once.
+const READS_IN_FLIGHT: usize = 16;
 
 /// One policy's inputs, owned, so the planner's input can borrow them.
 struct Candidate {
@@ -199,6 +223,7 @@ struct Candidate {
     promote_requested: bool,
     /// The promoted revision the status keeps.
     stable: Option<StableRevision>,
+    strategy: RolloutStrategy,
 }
 
 impl Loop {
@@ -288,6 +313,7 @@ impl Loop {
                         timeout: rollout.timeout().unwrap_or(DEFAULT_TIMEOUT),
                         repair_missed: rollout.repair_missed,
                     };
+                    let strategy = rollout.strategy;
                     Some(Candidate {
                         policy,
                         compiled,
@@ -299,6 +325,7 @@ impl Loop {
                         canary,
                         promote_requested,
                         stable,
+                        strategy,
                     })
                 })
                 .collect();
@@ -317,6 +344,8 @@ impl Loop {
                 continue;
             }
             let names: Vec<String> = candidates.iter().map(|c| c.policy.name_any()).collect();
+            self.sort_and_prove(&candidates, &names, &pods, &contexts, &exclusions)
+                .await;
             let inputs: Vec<PolicyInput<'_>> = candidates
                 .iter()
                 .zip(&names)
@@ -341,21 +370,24 @@ impl Loop {
                             PodState::Outdated => PodNeed::Outdated,
                             PodState::Missed => PodNeed::Missed,
                         };
-                        let in_canary = c.canary.as_ref().is_some_and(|scope| {
-                            let ns_labels = contexts.get(&*pod.namespace).map(|n| &n.labels);
-                            scope.holds(ns_labels, &pod.labels)
-                        });
+                        if self.in_flight(name, &c.revision, pod).is_some() {
+                            return None;
+                        }
                         Some(PodNeeding {
                             namespace: &pod.namespace,
+                            name: &pod.name,
                             labels: &pod.labels,
                             owner: pod.owner,
                             need,
-                            in_canary,
+                            in_canary: in_canary(c, &contexts, pod),
+                            path: self.path_of(c, pod),
                         })
                     })
                     .collect(),
                     canary: c.canary.is_some(),
                     promote_requested: c.promote_requested,
+                    strategy: c.strategy,
+                    updating: self.updating(c, name, &contexts, &exclusions, &pods),
                 })
                 .collect();
             let workloads = self.workloads(&caches);
@@ -392,6 +424,17 @@ impl Loop {
                     return;
                 }
                 self.act(&plan, &caches, &c.policy).await;
+                let updated = self.update_planned(&plan, c, &contexts, &exclusions).await;
+                if let Some(note) = plan::updated_note(&plan.policy, &plan.revision, &updated) {
+                    publish(
+                        &self.recorder,
+                        &c.policy,
+                        EventType::Normal,
+                        "UpdatedInPlace",
+                        note,
+                    )
+                    .await;
+                }
                 let reported = self.report(&plan, &c.policy, &caches).await;
                 if plan.promote && reported {
                     let note = format!(
@@ -415,6 +458,335 @@ impl Loop {
                 }
             }
         }
+    }
+
+    /// The path the planner reads for an outdated pod: `Restart` under that strategy, else
+    /// what the last sorting found for this revision and the version the pod carries.
+    fn path_of(&self, c: &Candidate, pod: &view::PodRecord) -> PodPath {
+        if c.strategy == RolloutStrategy::Restart {
+            return PodPath::Restart;
+        }
+        let recorded = pod.recorded_hash(&c.policy.name_any()).unwrap_or_default();
+        self.paths
+            .get(&pod_ref(pod))
+            .filter(|s| s.revision == c.revision && s.recorded == recorded)
+            .map_or(PodPath::Unsorted, |s| s.path)
+    }
+
+    /// When the pod was updated (or resized) in place for `revision`, by the record on it or
+    /// by this replica's own write the cache does not show yet.
+    fn in_flight(
+        &self,
+        policy: &str,
+        revision: &str,
+        pod: &view::PodRecord,
+    ) -> Option<Option<Timestamp>> {
+        if let Some(at) = pod.updated_in_place(policy, revision) {
+            return Some(at);
+        }
+        let key = pod_ref(pod);
+        [&self.written_pods, &self.resizing]
+            .into_iter()
+            .filter_map(|m| m.get(&key))
+            .find(|(p, r, _)| p == policy && r == revision)
+            .map(|(_, _, at)| Some(*at))
+    }
+
+    /// The policy's pods updated in place for its revision, with their proofs as last read.
+    fn updating<'v>(
+        &self,
+        c: &'v Candidate,
+        name: &str,
+        contexts: &'v HashMap<String, splice_engine::NamespaceContext>,
+        exclusions: &'v Exclusions,
+        pods: &'v [Arc<view::PodRecord>],
+    ) -> Vec<Updating<'v>> {
+        if c.strategy == RolloutStrategy::Restart {
+            return Vec::new();
+        }
+        view::classify(
+            &c.compiled,
+            None,
+            contexts,
+            exclusions,
+            pods.iter().map(|p| &**p),
+        )
+        .filter_map(|(pod, _)| {
+            let at = self.in_flight(name, &c.revision, pod)?;
+            let key = pod_ref(pod);
+            let proof = self
+                .proofs
+                .get(&key)
+                .filter(|(r, _)| *r == c.revision)
+                .map_or_else(
+                    || InPlaceProof::Waiting("not read yet".into()),
+                    |(_, p)| p.clone(),
+                );
+            Some(Updating {
+                pod: key,
+                at,
+                proof,
+                in_canary: in_canary(c, contexts, pod),
+                namespace: &pod.namespace,
+            })
+        })
+        .collect()
+    }
+
+    /// Reads in full the outdated pods not sorted yet for their policy's revision and sorts
+    /// them with the engine; reads the pods updated in place whose proof is not in yet, and
+    /// finishes the resizes the kubelet has made (their record) or refused (a restart then).
+    async fn sort_and_prove(
+        &mut self,
+        candidates: &[Candidate],
+        names: &[String],
+        pods: &[Arc<view::PodRecord>],
+        contexts: &HashMap<String, splice_engine::NamespaceContext>,
+        exclusions: &Exclusions,
+    ) {
+        use futures::stream::{self, StreamExt as _};
+        // Forget own writes once the cache shows them, and pods gone.
+        let live: HashSet<PodRef> = pods.iter().map(|p| pod_ref(p)).collect();
+        self.paths.retain(|k, _| live.contains(k));
+        self.proofs.retain(|k, _| live.contains(k));
+        self.resizing.retain(|k, _| live.contains(k));
+        self.written_pods.retain(|k, (policy, revision, _)| {
+            pods.iter()
+                .find(|p| &pod_ref(p) == k)
+                .is_some_and(|p| p.updated_in_place(policy, revision).is_none())
+        });
+        let mut to_sort = Vec::new();
+        let mut to_prove = Vec::new();
+        for (i, (c, name)) in candidates.iter().zip(names).enumerate() {
+            if c.strategy == RolloutStrategy::Restart {
+                continue;
+            }
+            let since = view::in_force_since(&c.policy);
+            for (pod, state) in view::classify(
+                &c.compiled,
+                since,
+                contexts,
+                exclusions,
+                pods.iter().map(|p| &**p),
+            ) {
+                let key = pod_ref(pod);
+                if self.in_flight(name, &c.revision, pod).is_some() {
+                    let proven = self
+                        .proofs
+                        .get(&key)
+                        .is_some_and(|(r, p)| *r == c.revision && *p == InPlaceProof::Done);
+                    if !proven {
+                        to_prove.push((i, key));
+                    }
+                } else if state == PodState::Outdated
+                    && self.path_of(c, pod) == PodPath::Unsorted
+                    && to_sort.len() < SORT_PER_PASS
+                {
+                    let recorded = pod.recorded_hash(name).unwrap_or_default().to_owned();
+                    to_sort.push((i, recorded, key));
+                }
+            }
+        }
+        let client = self.client.clone();
+        let sorted: Vec<_> = stream::iter(to_sort)
+            .map(|(i, recorded, key)| {
+                let client = client.clone();
+                async move {
+                    let pod = pods::read(&client, &key).await;
+                    (i, recorded, key, pod)
+                }
+            })
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (i, recorded, key, pod) in sorted {
+            let c = &candidates[i];
+            let pod = match pod {
+                Ok(Some(pod)) => pod,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, label = e.label(), "rollout: not sorted");
+                    continue;
+                }
+            };
+            let ns = namespace_context(contexts, &key.namespace);
+            match pods::sort(&c.compiled, &pod, &ns, exclusions) {
+                Ok(change) => {
+                    tracing::debug!(pod = %key, path = %change.path, "rollout: sorted");
+                    self.paths
+                        .insert(key, Sorted::of(&c.revision, &recorded, &change.path));
+                }
+                Err(message) => {
+                    let e = pods::PodError::Sort { pod: key, message };
+                    tracing::warn!(error = %e, label = e.label(), "rollout: not sorted");
+                }
+            }
+        }
+        let proofs: Vec<_> = stream::iter(to_prove)
+            .map(|(i, key)| {
+                let client = client.clone();
+                async move {
+                    let pod = pods::read(&client, &key).await;
+                    (i, key, pod)
+                }
+            })
+            .buffer_unordered(READS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (i, key, pod) in proofs {
+            let (c, name) = (&candidates[i], names[i].as_str());
+            match pod {
+                Ok(Some(pod)) => self.prove(c, name, key, &pod, contexts, exclusions).await,
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, label = e.label(), "rollout: no proof read"),
+            }
+        }
+    }
+
+    /// Reads the proof of an in-place update on `pod`; a resize the kubelet made gets its
+    /// record now, one it refused sends the pod to a restart.
+    async fn prove(
+        &mut self,
+        c: &Candidate,
+        name: &str,
+        key: PodRef,
+        pod: &Pod,
+        contexts: &HashMap<String, splice_engine::NamespaceContext>,
+        exclusions: &Exclusions,
+    ) {
+        if self.resizing.contains_key(&key) {
+            match pods::resized(pod) {
+                Resized::Waiting(why) => {
+                    self.proofs
+                        .insert(key, (c.revision.clone(), InPlaceProof::Waiting(why)));
+                }
+                Resized::Infeasible(why) => {
+                    tracing::info!(pod = %key, reason = %why, "rollout: resize infeasible; the pod's workload restarts instead");
+                    self.resizing.remove(&key);
+                    self.paths.insert(
+                        key,
+                        Sorted {
+                            revision: c.revision.clone(),
+                            recorded: String::new(),
+                            path: PodPath::Restart,
+                            why: format!(
+                                "restart: the kubelet reports the resize Infeasible ({why})"
+                            ),
+                        },
+                    );
+                }
+                Resized::Done => {
+                    // The record, now that the kubelet made the resize.
+                    let ns = namespace_context(contexts, &key.namespace);
+                    if let Ok(change) = pods::sort(&c.compiled, pod, &ns, exclusions)
+                        && change.path.in_place()
+                        && !matches!(change.path, splice_engine::change::Path::Resize(_))
+                        && self.leading.now()
+                    {
+                        match pods::write(&self.client, &key, pod, &change, name, &c.revision).await
+                        {
+                            Ok(()) => {
+                                self.resizing.remove(&key);
+                                self.written_pods.insert(
+                                    key,
+                                    (name.to_owned(), c.revision.clone(), Timestamp::now()),
+                                );
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, label = e.label(), "rollout: record after resize")
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        let markers = inplace::markers(pod.metadata.annotations.as_ref());
+        let proof = match markers.get(name).filter(|m| m.revision == c.revision) {
+            Some(m) => match inplace::proof(pod, m) {
+                inplace::Proof::Done => InPlaceProof::Done,
+                inplace::Proof::Waiting(w) => InPlaceProof::Waiting(w),
+                inplace::Proof::Broken(b) => InPlaceProof::Broken(b),
+            },
+            None => InPlaceProof::Waiting("the update is not on the pod yet".into()),
+        };
+        self.proofs.insert(key, (c.revision.clone(), proof));
+    }
+
+    /// Updates the planned pods in place, each read again and sorted again first (a pod changed
+    /// since is decided again, never overwritten), after a last leadership check. Returns the
+    /// pods written.
+    async fn update_planned(
+        &mut self,
+        plan: &plan::Plan,
+        c: &Candidate,
+        contexts: &HashMap<String, splice_engine::NamespaceContext>,
+        exclusions: &Exclusions,
+    ) -> Vec<PodRef> {
+        let mut updated = Vec::new();
+        for id in &plan.update {
+            let pod = match pods::read(&self.client, id).await {
+                Ok(Some(pod)) => pod,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
+                    continue;
+                }
+            };
+            let ns = namespace_context(contexts, &id.namespace);
+            let change = match pods::sort(&c.compiled, &pod, &ns, exclusions) {
+                Ok(change) => change,
+                Err(message) => {
+                    let e = pods::PodError::Sort {
+                        pod: id.clone(),
+                        message,
+                    };
+                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
+                    continue;
+                }
+            };
+            if !change.path.in_place() {
+                let recorded = view::injected_versions(pod.metadata.annotations.as_ref())
+                    .into_iter()
+                    .find(|(p, _)| *p == plan.policy)
+                    .map(|(_, v)| v)
+                    .unwrap_or_default();
+                self.paths
+                    .insert(id.clone(), Sorted::of(&c.revision, &recorded, &change.path));
+                continue;
+            }
+            if !self.leading.now() {
+                break;
+            }
+            match pods::write(
+                &self.client,
+                id,
+                &pod,
+                &change,
+                &plan.policy,
+                &plan.revision,
+            )
+            .await
+            {
+                Ok(()) => {
+                    tracing::info!(policy = %plan.policy, pod = %id, path = %change.path, "rollout: updated in place");
+                    let entry = (plan.policy.clone(), plan.revision.clone(), Timestamp::now());
+                    if matches!(change.path, splice_engine::change::Path::Resize(_)) {
+                        self.resizing.insert(id.clone(), entry);
+                    } else {
+                        self.written_pods.insert(id.clone(), entry);
+                    }
+                    updated.push(id.clone());
+                }
+                Err(e) => {
+                    if e.stale() {
+                        self.paths.remove(id);
+                    }
+                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
+                }
+            }
+        }
+        updated
     }
 
     /// Every workload as the planner sees it, with this replica's own restarts laid over a
@@ -575,6 +947,41 @@ impl Loop {
             name.clone(),
             (policy.uid(), plan.status.clone(), Instant::now()),
         );
+        let timeout = policy
+            .spec
+            .rollout
+            .as_ref()
+            .and_then(|r| r.timeout())
+            .unwrap_or(DEFAULT_TIMEOUT);
+        if let Some((pod, why)) = &plan.newly_failed_pod {
+            let note = format!(
+                "Rollout of revision {} halted: the in-place update of {pod} was not proven within {}s: {why}. Nothing more is changed until the template changes or `kubectl splice rollout resume`; `kubectl splice rollout undo` puts the earlier images back on the pods this revision updated.",
+                plan.revision,
+                timeout.as_secs(),
+            );
+            publish(
+                &self.recorder,
+                policy,
+                EventType::Warning,
+                "RolloutHalted",
+                note,
+            )
+            .await;
+        }
+        let newly_blocked =
+            known.as_ref().map_or(0, |k| k.not_in_place) != plan.status.not_in_place;
+        if newly_blocked
+            && let Some(note) = plan::not_in_place_note(&name, &plan.revision, &plan.not_in_place)
+        {
+            publish(
+                &self.recorder,
+                policy,
+                EventType::Warning,
+                "NeedsRestart",
+                note,
+            )
+            .await;
+        }
         if let Some(failed) = &plan.newly_failed {
             let detail = match what_failed(&self.client, caches, failed, &name).await {
                 Some(d) => format!(" ({d})"),
@@ -583,13 +990,7 @@ impl Loop {
             let note = format!(
                 "Rollout of revision {} halted: {failed} did not become fully available within {}s of its restart{detail}. Nothing more is restarted until the template changes or `kubectl splice rollout resume`.",
                 plan.revision,
-                policy
-                    .spec
-                    .rollout
-                    .as_ref()
-                    .and_then(|r| r.timeout())
-                    .unwrap_or(DEFAULT_TIMEOUT)
-                    .as_secs(),
+                timeout.as_secs(),
             );
             publish(
                 &self.recorder,
@@ -602,6 +1003,38 @@ impl Loop {
         }
         true
     }
+}
+
+fn pod_ref(pod: &view::PodRecord) -> PodRef {
+    PodRef {
+        namespace: pod.namespace.to_string(),
+        name: pod.name.clone(),
+    }
+}
+
+fn in_canary(
+    c: &Candidate,
+    contexts: &HashMap<String, splice_engine::NamespaceContext>,
+    pod: &view::PodRecord,
+) -> bool {
+    c.canary.as_ref().is_some_and(|scope| {
+        let ns_labels = contexts.get(&*pod.namespace).map(|n| &n.labels);
+        scope.holds(ns_labels, &pod.labels)
+    })
+}
+
+/// The namespace as the engine sees it, from the view (its name alone when not seen yet).
+fn namespace_context(
+    contexts: &HashMap<String, splice_engine::NamespaceContext>,
+    name: &str,
+) -> splice_engine::NamespaceContext {
+    contexts
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| splice_engine::NamespaceContext {
+            name: name.to_owned(),
+            ..Default::default()
+        })
 }
 
 /// Sets what the status keeps of the revisions: the promoted one stays while a canary is open and
@@ -625,6 +1058,20 @@ fn pin(plan: &mut plan::Plan, c: &Candidate) {
 
 /// The `RolledOut` condition for a rollout status: (status, reason, message).
 pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) {
+    let settled = matches!(s.phase, RolloutPhase::Idle | RolloutPhase::Complete);
+    if s.not_in_place > 0 && settled {
+        return (
+            ConditionStatus::False,
+            "NeedsRestart",
+            format!(
+                "revision {}: {} pod(s) need a restart, which strategy InPlace never does; {} pod(s) updated in place{}",
+                s.revision,
+                s.not_in_place,
+                s.updated_in_place,
+                manual_note(s.manual)
+            ),
+        );
+    }
     match s.phase {
         RolloutPhase::Idle => (
             ConditionStatus::True,
@@ -649,9 +1096,10 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
             ConditionStatus::True,
             "Complete",
             format!(
-                "{} workload(s) restarted for revision {} and fully available{}",
+                "{} workload(s) restarted for revision {} and fully available{}{}",
                 s.done,
                 s.revision,
+                in_place_note(s),
                 manual_note(s.manual)
             ),
         ),
@@ -659,11 +1107,12 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
             ConditionStatus::False,
             "Rolling",
             format!(
-                "revision {}: {} restarting, {} waiting, {} done{}",
+                "revision {}: {} restarting, {} waiting, {} done{}{}",
                 s.revision,
                 s.restarting,
                 s.outdated,
                 s.done,
+                in_place_note(s),
                 manual_note(s.manual)
             ),
         ),
@@ -675,6 +1124,21 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
                 s.revision
             ),
         ),
+        RolloutPhase::Halted
+            if s.halted_by
+                .as_deref()
+                .is_some_and(|b| b.starts_with("Pod/")) =>
+        {
+            (
+                ConditionStatus::False,
+                "Halted",
+                format!(
+                    "revision {}: the in-place update of {} was not proven within the timeout; nothing more is changed until the template changes or `kubectl splice rollout resume` (`kubectl splice rollout undo` puts the earlier images back)",
+                    s.revision,
+                    s.halted_by.as_deref().unwrap_or("a pod")
+                ),
+            )
+        }
         RolloutPhase::Halted => (
             ConditionStatus::False,
             "Halted",
@@ -684,6 +1148,13 @@ pub fn rolled_out(s: &RolloutStatus) -> (ConditionStatus, &'static str, String) 
                 s.halted_by.as_deref().unwrap_or("a workload")
             ),
         ),
+    }
+}
+
+fn in_place_note(s: &RolloutStatus) -> String {
+    match (s.updating, s.updated_in_place) {
+        (0, 0) => String::new(),
+        (u, d) => format!("; in place: {u} updating, {d} updated"),
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
-use splice_crds::{RolloutPhase, RolloutStatus};
+use splice_crds::{RolloutPhase, RolloutStatus, RolloutStrategy};
 use splice_engine::selector::Selector;
 
 pub use crate::view::PodOwner;
@@ -60,7 +60,35 @@ const NAMED_PER_EVENT: usize = 10;
 
 /// The note of the one `Restarted` Event of a planning pass; `None` when it restarted nothing.
 pub fn restarted_note(policy: &str, revision: &str, restarted: &[WorkloadRef]) -> Option<String> {
-    let (first, rest) = restarted.split_at(restarted.len().min(NAMED_PER_EVENT));
+    let (count, names) = named(restarted, "workload")?;
+    Some(format!(
+        "Restarted {count} for revision {revision} of policy {policy}: {names}; their pods \
+         carried an outdated or missing injection"
+    ))
+}
+
+/// The note of the one `UpdatedInPlace` Event of a planning pass; `None` when it updated none.
+pub fn updated_note(policy: &str, revision: &str, updated: &[PodRef]) -> Option<String> {
+    let (count, names) = named(updated, "pod")?;
+    Some(format!(
+        "Updated {count} in place for revision {revision} of policy {policy}: {names}; no \
+         workload restarts for them"
+    ))
+}
+
+/// The note of the Warning that names the pods `strategy: InPlace` leaves outdated.
+pub fn not_in_place_note(policy: &str, revision: &str, pods: &[PodRef]) -> Option<String> {
+    let (count, names) = named(pods, "pod")?;
+    Some(format!(
+        "{count} of policy {policy} need a restart for revision {revision}, which strategy \
+         InPlace never does: {names}; restart their workloads, or set strategy Auto"
+    ))
+}
+
+/// ("N things", the first [`NAMED_PER_EVENT`] names and how many more), so a note stays under
+/// the Event's 1,000 characters; `None` for none.
+fn named<T: std::fmt::Display>(items: &[T], noun: &str) -> Option<(String, String)> {
+    let (first, rest) = items.split_at(items.len().min(NAMED_PER_EVENT));
     if first.is_empty() {
         return None;
     }
@@ -68,15 +96,11 @@ pub fn restarted_note(policy: &str, revision: &str, restarted: &[WorkloadRef]) -
     if !rest.is_empty() {
         names.push(format!("and {} more", rest.len()));
     }
-    Some(format!(
-        "Restarted {} for revision {revision} of policy {policy}: {}; their pods carried an \
-         outdated or missing injection",
-        match restarted.len() {
-            1 => "1 workload".to_owned(),
-            n => format!("{n} workloads"),
-        },
-        names.join(", ")
-    ))
+    let count = match items.len() {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    };
+    Some((count, names.join(", ")))
 }
 
 /// What the planner knows of one workload.
@@ -127,15 +151,64 @@ pub enum PodNeed {
     Missed,
 }
 
+/// How an outdated pod's change can reach it, as the engine sorted it
+/// (`splice_engine::change::sort`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodPath {
+    /// Not sorted yet (its full object not read yet): it waits.
+    Unsorted,
+    /// An image, CPU or memory, labels or annotations: in place.
+    InPlace,
+    /// Anything else: its workload restarts.
+    Restart,
+}
+
 /// One pod's need, with what attributes it to a workload.
 #[derive(Clone, Copy, Debug)]
 pub struct PodNeeding<'a> {
     pub namespace: &'a str,
+    pub name: &'a str,
     pub labels: &'a BTreeMap<String, String>,
     pub owner: PodOwner,
     pub need: PodNeed,
     /// The policy's open canary selects it (its namespace's labels and its own).
     pub in_canary: bool,
+    /// For an outdated pod under `Auto` or `InPlace`; `Restart` otherwise.
+    pub path: PodPath,
+}
+
+/// A pod updated in place for the policy's revision, and where its proof stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Updating<'a> {
+    pub pod: PodRef,
+    /// When it was updated: the timeout counts from here.
+    pub at: Option<Timestamp>,
+    pub proof: InPlaceProof,
+    pub in_canary: bool,
+    /// The namespace, borrowed for the budget's count.
+    pub namespace: &'a str,
+}
+
+/// The proof of one in-place update, as the rollout last read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InPlaceProof {
+    Done,
+    Waiting(String),
+    /// It cannot come any more (another container restarted): fails at once.
+    Broken(String),
+}
+
+/// A pod, by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pod/{}/{}", self.namespace, self.name)
+    }
 }
 
 /// The rollout settings of one policy, as the planner uses them.
@@ -169,6 +242,9 @@ pub struct PolicyInput<'a> {
     pub canary: bool,
     /// `kubectl splice rollout promote` asked to promote this canary now.
     pub promote_requested: bool,
+    pub strategy: RolloutStrategy,
+    /// Pods updated in place for this revision.
+    pub updating: Vec<Updating<'a>>,
 }
 
 /// Why a workload that needs a restart is not restarted now.
@@ -206,6 +282,12 @@ pub struct Plan {
     pub waiting: Vec<(WorkloadRef, Wait)>,
     /// The workload that timed out first, when the rollout halts now for the first time.
     pub newly_failed: Option<WorkloadRef>,
+    /// Or the pod whose in-place update failed first, and why.
+    pub newly_failed_pod: Option<(PodRef, String)>,
+    /// Pods to update in place now.
+    pub update: Vec<PodRef>,
+    /// Under `strategy: InPlace`, outdated pods whose change needs a restart.
+    pub not_in_place: Vec<PodRef>,
     /// The open canary is promoted now: every canary workload is fully available on the new
     /// revision, or a promotion was requested.
     pub promote: bool,
@@ -222,7 +304,8 @@ pub fn restarted_for(policy: &str, revision: &str) -> String {
 
 /// Plans every policy's rollout in one pass, so the cluster-wide `cap` holds across policies.
 /// `excluded` are namespaces never touched (the mandatory exclusions and Splice's own); a
-/// workload two policies want restarted is restarted by the first (name order) only.
+/// workload two policies want restarted is restarted by the first (name order) only. The budget
+/// counts workloads restarting and pods updating in place alike.
 pub fn plan(
     policies: &[PolicyInput<'_>],
     workloads: &[Workload],
@@ -239,24 +322,40 @@ pub fn plan(
     for (i, w) in workloads.iter().enumerate() {
         by_namespace.entry(&w.id.namespace).or_default().push(i);
     }
-    // First every policy's standing, so the workloads restarting for any of them count against
-    // the cap before anything new starts.
-    let mut standings = Vec::with_capacity(policies.len());
+    // First every policy's standing, so what is restarting or updating for any of them counts
+    // against the cap before anything new starts.
+    let mut stoods = Vec::with_capacity(policies.len());
     let mut in_flight = 0usize;
     for p in policies {
-        let (standing, manual, canary) = stand(p, &workloads, &by_namespace, now);
-        in_flight += standing
+        let stood = stand(p, &workloads, &by_namespace, now);
+        in_flight += stood
+            .standing
             .values()
             .filter(|s| **s == Standing::Restarting)
             .count();
-        standings.push((standing, manual, canary));
+        in_flight += p
+            .updating
+            .iter()
+            .filter(|u| pod_standing(p, u, now) == Standing::Restarting)
+            .count();
+        stoods.push(stood);
     }
     let mut chosen: HashSet<usize> = HashSet::new();
     let mut out = Vec::with_capacity(policies.len());
-    for (p, (standing, manual, canary_workloads)) in policies.iter().zip(standings) {
+    for (p, stood) in policies.iter().zip(stoods) {
+        let Stood {
+            standing,
+            manual,
+            canary: canary_workloads,
+            in_place,
+            not_in_place,
+            unsorted,
+        } = stood;
         let mut status = RolloutStatus {
             revision: p.revision.to_owned(),
             manual,
+            not_in_place: not_in_place.len() as i64,
+            outdated: unsorted,
             ..RolloutStatus::default()
         };
         let mut per_namespace: HashMap<&str, usize> = HashMap::new();
@@ -276,16 +375,49 @@ pub fn plan(
                 Standing::Needs => status.outdated += 1,
             }
         }
-        let halted = p.held || p.halted_by.is_some() || first_failed.is_some();
+        let mut first_failed_pod: Option<(PodRef, String)> = None;
+        for u in &p.updating {
+            match pod_standing(p, u, now) {
+                Standing::Restarting => {
+                    status.updating += 1;
+                    *per_namespace.entry(u.namespace).or_default() += 1;
+                }
+                Standing::Done => status.updated_in_place += 1,
+                Standing::Failed => {
+                    status.failed += 1;
+                    let why = match &u.proof {
+                        InPlaceProof::Broken(r) | InPlaceProof::Waiting(r) => r.clone(),
+                        InPlaceProof::Done => String::new(),
+                    };
+                    first_failed_pod.get_or_insert((u.pod.clone(), why));
+                }
+                Standing::FailedBeforeResume | Standing::Needs => status.failed += 1,
+            }
+        }
+        let halted =
+            p.held || p.halted_by.is_some() || first_failed.is_some() || first_failed_pod.is_some();
         let mut restart = Vec::new();
         let mut waiting = Vec::new();
         let mut free = p
             .limits
             .max_concurrent
-            .saturating_sub(status.restarting as usize);
+            .saturating_sub((status.restarting + status.updating) as usize);
+        let mut budget = |namespace: &str, per_namespace: &mut HashMap<&str, usize>| {
+            let in_namespace = per_namespace.get(namespace).copied().unwrap_or(0);
+            if free == 0 {
+                Some(Wait::PolicyBudget)
+            } else if in_namespace >= p.limits.max_per_namespace {
+                Some(Wait::NamespaceBudget)
+            } else if in_flight >= cap {
+                Some(Wait::ClusterBudget)
+            } else {
+                free -= 1;
+                in_flight += 1;
+                None
+            }
+        };
         for (&i, _) in standing.iter().filter(|(_, s)| **s == Standing::Needs) {
             let w = workloads[i];
-            let in_namespace = per_namespace.get(w.id.namespace.as_str()).copied();
             let wait = if halted {
                 Some(Wait::Halted)
             } else if p.canary && !canary_workloads.contains(&i) {
@@ -296,53 +428,68 @@ pub fn plan(
                 Some(Wait::NotSettled)
             } else if w.disruption_blocked {
                 Some(Wait::DisruptionBudget)
-            } else if free == 0 {
-                Some(Wait::PolicyBudget)
-            } else if in_namespace.unwrap_or(0) >= p.limits.max_per_namespace {
-                Some(Wait::NamespaceBudget)
-            } else if in_flight >= cap {
-                Some(Wait::ClusterBudget)
             } else {
-                None
+                budget(&w.id.namespace, &mut per_namespace)
             };
             match wait {
                 Some(reason) => waiting.push((w.id.clone(), reason)),
                 None => {
-                    free -= 1;
-                    in_flight += 1;
                     chosen.insert(i);
                     *per_namespace.entry(&w.id.namespace).or_default() += 1;
                     restart.push(w.id.clone());
                 }
             }
         }
+        // Canary pods first, then the rest in order.
+        let mut update = Vec::new();
+        let mut in_place = in_place;
+        in_place.sort_by_key(|(_, _, in_canary)| !*in_canary);
+        for (pod, namespace, in_canary) in &in_place {
+            let go = !halted
+                && (!p.canary || *in_canary)
+                && budget(namespace, &mut per_namespace).is_none();
+            if go {
+                *per_namespace.entry(namespace).or_default() += 1;
+                update.push(pod.clone());
+            }
+        }
+        status.outdated += (in_place.len() - update.len()) as i64;
         let moved = restart.len() as i64;
         status.outdated -= moved;
         status.restarting += moved;
-        // The gate: while a canary is open, every workload restarted for this revision is a
-        // canary's. It opens when none is left to restart or restarting, none failed, and at
-        // least one is fully available on the new revision: no evidence, no promotion.
+        status.updating += update.len() as i64;
+        // The gate: while a canary is open, every workload restarted and every pod updated for
+        // this revision is a canary's. It opens when none is left to change or changing, none
+        // failed, and at least one is on the new revision: no evidence, no promotion.
         let canary_left = standing
             .iter()
-            .any(|(i, s)| *s == Standing::Needs && canary_workloads.contains(i));
+            .any(|(i, s)| *s == Standing::Needs && canary_workloads.contains(i))
+            || in_place
+                .iter()
+                .any(|(pod, _, c)| *c && !update.contains(pod));
         let promote = p.canary
             && !halted
-            && (p.promote_requested || (!canary_left && status.restarting == 0 && status.done > 0));
+            && (p.promote_requested
+                || (!canary_left
+                    && status.restarting == 0
+                    && status.updating == 0
+                    && status.done + status.updated_in_place > 0));
         status.phase = if halted {
             RolloutPhase::Halted
         } else if p.canary && !promote {
             RolloutPhase::Canary
-        } else if status.restarting > 0 || status.outdated > 0 {
+        } else if status.restarting > 0 || status.outdated > 0 || status.updating > 0 {
             RolloutPhase::Rolling
-        } else if status.done > 0 {
+        } else if status.done > 0 || status.updated_in_place > 0 {
             RolloutPhase::Complete
         } else {
             RolloutPhase::Idle
         };
-        status.halted_by = match (p.halted_by, first_failed) {
-            (Some(before), _) => Some(before.to_owned()),
-            (None, Some(i)) => Some(workloads[i].id.to_string()),
-            (None, None) => p.held.then(|| HALT_REQUESTED.to_owned()),
+        status.halted_by = match (p.halted_by, first_failed, &first_failed_pod) {
+            (Some(before), _, _) => Some(before.to_owned()),
+            (None, Some(i), _) => Some(workloads[i].id.to_string()),
+            (None, None, Some((pod, _))) => Some(pod.to_string()),
+            (None, None, None) => p.held.then(|| HALT_REQUESTED.to_owned()),
         };
         if status.halted_by.is_some() {
             let at = if p.halted_by.is_some() {
@@ -356,17 +503,44 @@ pub fn plan(
             (None, Some(i)) => Some(workloads[i].id.clone()),
             _ => None,
         };
+        let newly_failed_pod = match (p.halted_by, first_failed) {
+            (None, None) => first_failed_pod,
+            _ => None,
+        };
         out.push(Plan {
             policy: p.policy.to_owned(),
             revision: p.revision.to_owned(),
             restart,
             waiting,
             newly_failed,
+            newly_failed_pod,
+            update,
+            not_in_place,
             promote,
             status,
         });
     }
     out
+}
+
+/// Where a pod updated in place stands: proven (done), waiting within the timeout (counted as
+/// restarting), or failed (its proof broke, or did not come within the timeout).
+fn pod_standing(p: &PolicyInput<'_>, u: &Updating<'_>, now: Timestamp) -> Standing {
+    match &u.proof {
+        InPlaceProof::Done => Standing::Done,
+        InPlaceProof::Broken(_) => match expiry(p, u.at, now) {
+            Expiry::BeforeResume => Standing::FailedBeforeResume,
+            _ if u.at.zip(p.resumed_at).is_some_and(|(at, r)| at <= r) => {
+                Standing::FailedBeforeResume
+            }
+            _ => Standing::Failed,
+        },
+        InPlaceProof::Waiting(_) => match expiry(p, u.at, now) {
+            Expiry::Within => Standing::Restarting,
+            Expiry::BeforeResume => Standing::FailedBeforeResume,
+            Expiry::Expired => Standing::Failed,
+        },
+    }
 }
 
 /// Still rolling from this policy's restart for an earlier revision (a halted one, say): the new
@@ -378,14 +552,30 @@ fn rolling_for_us(w: &Workload, policy: &str) -> bool {
         .is_some_and(|(p, _)| p == policy)
 }
 
-/// Each workload's standing for the policy (ordered, so plans are deterministic), and the pods
-/// no workload restart can reach (`manual`).
-fn stand(
-    p: &PolicyInput<'_>,
+/// What [`stand`] finds for one policy.
+struct Stood<'p> {
+    /// Each workload's standing (ordered, so plans are deterministic).
+    standing: BTreeMap<usize, Standing>,
+    /// Pods no workload restart can reach.
+    manual: i64,
+    /// Workloads of canary pods.
+    canary: HashSet<usize>,
+    /// Outdated pods to update in place, in order: (pod, namespace, in the canary).
+    in_place: Vec<(PodRef, &'p str, bool)>,
+    /// Under `InPlace`, pods whose change needs a restart.
+    not_in_place: Vec<PodRef>,
+    /// Outdated pods not sorted yet.
+    unsorted: i64,
+}
+
+/// Each workload's standing for the policy, and where each outdated pod goes: its workload's
+/// restart, an in-place update, or (under `InPlace`, needing a restart) nowhere, counted.
+fn stand<'p>(
+    p: &PolicyInput<'p>,
     workloads: &[&Workload],
     by_namespace: &HashMap<&str, Vec<usize>>,
     now: Timestamp,
-) -> (BTreeMap<usize, Standing>, i64, HashSet<usize>) {
+) -> Stood<'p> {
     let mine = restarted_for(p.policy, p.revision);
     let mut standing: BTreeMap<usize, Standing> = BTreeMap::new();
     // Every workload restarted for this revision, needing it or not any more.
@@ -393,36 +583,27 @@ fn stand(
         if w.restarted_for.as_deref() != Some(mine.as_str()) {
             continue;
         }
-        let timed_out = w
-            .restarted_at
-            .and_then(|t| {
-                let timeout = i64::try_from(p.limits.timeout.as_secs()).ok()?;
-                t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(timeout))
-                    .ok()
-            })
-            .is_some_and(|deadline| now > deadline);
-        let before_resume = match (w.restarted_at, p.resumed_at) {
-            (Some(at), Some(resumed)) => at <= resumed,
-            _ => false,
-        };
         let s = if w.settled {
             Standing::Done
-        } else if timed_out && before_resume {
-            Standing::FailedBeforeResume
-        } else if timed_out {
-            Standing::Failed
         } else {
-            Standing::Restarting
+            match expiry(p, w.restarted_at, now) {
+                Expiry::Within => Standing::Restarting,
+                Expiry::BeforeResume => Standing::FailedBeforeResume,
+                Expiry::Expired => Standing::Failed,
+            }
         };
         standing.insert(i, s);
     }
-    let mut manual = 0;
-    let mut canary = HashSet::new();
-    for pod in &p.pods {
-        if pod.need == PodNeed::Missed && !p.limits.repair_missed {
-            continue;
-        }
-        let owner = by_namespace.get(pod.namespace).and_then(|candidates| {
+    let mut stood = Stood {
+        standing,
+        manual: 0,
+        canary: HashSet::new(),
+        in_place: Vec::new(),
+        not_in_place: Vec::new(),
+        unsorted: 0,
+    };
+    let owner_of = |pod: &PodNeeding<'_>| {
+        by_namespace.get(pod.namespace).and_then(|candidates| {
             candidates.iter().copied().find(|&i| {
                 let w = workloads[i];
                 w.id.kind.owns_pods_of(pod.owner)
@@ -430,18 +611,82 @@ fn stand(
                     && w.selector
                         .matches(|k| pod.labels.get(k).map(String::as_str))
             })
-        });
-        match owner {
+        })
+    };
+    let needs_restart = |pod: &PodNeeding<'_>| {
+        pod.need == PodNeed::Missed
+            || p.strategy == RolloutStrategy::Restart
+            || pod.path == PodPath::Restart
+    };
+    let wanted = p
+        .pods
+        .iter()
+        .filter(|pod| pod.need == PodNeed::Outdated || p.limits.repair_missed);
+    // Restarts first, so a pod whose workload restarts anyway is left to that restart.
+    for pod in wanted.clone().filter(|pod| needs_restart(pod)) {
+        let id = PodRef {
+            namespace: pod.namespace.to_owned(),
+            name: pod.name.to_owned(),
+        };
+        if p.strategy == RolloutStrategy::InPlace {
+            stood.not_in_place.push(id);
+            continue;
+        }
+        match owner_of(pod) {
             Some(i) => {
-                standing.entry(i).or_insert(Standing::Needs);
+                stood.standing.entry(i).or_insert(Standing::Needs);
                 if pod.in_canary {
-                    canary.insert(i);
+                    stood.canary.insert(i);
                 }
             }
-            None => manual += 1,
+            None => stood.manual += 1,
         }
     }
-    (standing, manual, canary)
+    for pod in wanted.filter(|pod| !needs_restart(pod)) {
+        if owner_of(pod).is_some_and(|i| stood.standing.contains_key(&i)) {
+            continue;
+        }
+        match pod.path {
+            PodPath::Unsorted => stood.unsorted += 1,
+            _ => stood.in_place.push((
+                PodRef {
+                    namespace: pod.namespace.to_owned(),
+                    name: pod.name.to_owned(),
+                },
+                pod.namespace,
+                pod.in_canary,
+            )),
+        }
+    }
+    stood
+}
+
+/// Where something started at `at` stands against the policy's timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expiry {
+    Within,
+    /// Timed out, started before a resume: counted, halts nothing.
+    BeforeResume,
+    Expired,
+}
+
+fn expiry(p: &PolicyInput<'_>, at: Option<Timestamp>, now: Timestamp) -> Expiry {
+    let timed_out = at
+        .and_then(|t| {
+            let timeout = i64::try_from(p.limits.timeout.as_secs()).ok()?;
+            t.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(timeout))
+                .ok()
+        })
+        .is_some_and(|deadline| now > deadline);
+    let before_resume = match (at, p.resumed_at) {
+        (Some(at), Some(resumed)) => at <= resumed,
+        _ => false,
+    };
+    match (timed_out, before_resume) {
+        (false, _) => Expiry::Within,
+        (true, true) => Expiry::BeforeResume,
+        (true, false) => Expiry::Expired,
+    }
 }
 
 #[cfg(test)]
@@ -545,6 +790,8 @@ mod tests {
                 .iter()
                 .map(|(ns, l, owner, need)| PodNeeding {
                     namespace: ns,
+                    name: l.get("app").map_or("", String::as_str),
+                    path: PodPath::Restart,
                     labels: l,
                     owner: *owner,
                     need: *need,
@@ -566,6 +813,8 @@ mod tests {
             pods: pods.needing(),
             canary: false,
             promote_requested: false,
+            strategy: RolloutStrategy::Restart,
+            updating: Vec::new(),
         }
     }
 
@@ -681,6 +930,8 @@ mod tests {
             pods: other_pods.needing(),
             canary: false,
             promote_requested: false,
+            strategy: RolloutStrategy::Restart,
+            updating: Vec::new(),
         };
         let plans = plan(
             &[input(&pods, limits(5, 5)), other],
@@ -1072,5 +1323,234 @@ mod tests {
                 .contains(&(workloads[1].id.clone(), Wait::NotSettled)),
             "another policy's rollout is not ours to replace"
         );
+    }
+
+    /// Pods of `workloads` needing the revision along `path` under `strategy`.
+    fn in_place_input<'a>(
+        needing: &'a [PodNeeding<'a>],
+        strategy: RolloutStrategy,
+        limits: Limits,
+    ) -> PolicyInput<'a> {
+        PolicyInput {
+            pods: needing.to_vec(),
+            strategy,
+            ..input(&EMPTY, limits)
+        }
+    }
+
+    static EMPTY: Pods = Pods(Vec::new());
+
+    fn with_path<'a>(pods: &'a Pods, path: PodPath) -> Vec<PodNeeding<'a>> {
+        pods.needing()
+            .into_iter()
+            .map(|p| PodNeeding { path, ..p })
+            .collect()
+    }
+
+    fn pod(ns: &str, name: &str) -> PodRef {
+        PodRef {
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    fn updating<'a>(ns: &'a str, name: &str, at: i64, proof: InPlaceProof) -> Updating<'a> {
+        Updating {
+            pod: pod(ns, name),
+            at: Some(ts(at)),
+            proof,
+            in_canary: false,
+            namespace: ns,
+        }
+    }
+
+    #[test]
+    fn under_auto_a_pod_whose_change_is_in_place_is_updated_and_its_workload_not_restarted() {
+        let workloads = [deployment("a", "w1"), deployment("b", "w2")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::InPlace);
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::Auto, limits(5, 1)),
+            &workloads,
+            10,
+        );
+        assert!(p.restart.is_empty(), "{:?}", p.restart);
+        assert_eq!(p.update, [pod("a", "w1"), pod("b", "w2")]);
+        assert_eq!(p.status.updating, 2);
+        assert_eq!(p.status.phase, RolloutPhase::Rolling);
+    }
+
+    #[test]
+    fn under_auto_a_pod_whose_change_needs_a_restart_restarts_its_workload() {
+        let workloads = [deployment("a", "w1")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::Restart);
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::Auto, limits(5, 1)),
+            &workloads,
+            10,
+        );
+        assert_eq!(names(&p.restart), ["Deployment/a/w1"]);
+        assert!(p.update.is_empty());
+    }
+
+    #[test]
+    fn under_in_place_a_pod_needing_a_restart_is_counted_and_named_and_nothing_restarts() {
+        let workloads = [deployment("a", "w1")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::Restart);
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::InPlace, limits(5, 1)),
+            &workloads,
+            10,
+        );
+        assert!(p.restart.is_empty() && p.update.is_empty());
+        assert_eq!(p.not_in_place, [pod("a", "w1")]);
+        assert_eq!(p.status.not_in_place, 1);
+        let note = not_in_place_note("mesh", "r2", &p.not_in_place).unwrap();
+        assert!(note.contains("Pod/a/w1"), "{note}");
+    }
+
+    #[test]
+    fn a_pod_not_sorted_yet_waits_and_is_counted_outdated() {
+        let workloads = [deployment("a", "w1")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::Unsorted);
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::Auto, limits(5, 1)),
+            &workloads,
+            10,
+        );
+        assert!(p.restart.is_empty() && p.update.is_empty());
+        assert_eq!(p.status.outdated, 1);
+        assert_eq!(p.status.phase, RolloutPhase::Rolling);
+    }
+
+    #[test]
+    fn pods_updating_in_place_use_the_budget_next_to_workloads_restarting() {
+        let workloads = [
+            restarted(deployment("a", "w1"), "r2", NOW - 10, false),
+            deployment("b", "w2"),
+            deployment("c", "w3"),
+        ];
+        let pods = Pods::of(&workloads[1..], PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::InPlace);
+        let mut input = in_place_input(&needing, RolloutStrategy::Auto, limits(3, 1));
+        input.updating = vec![updating(
+            "z",
+            "p0",
+            NOW - 5,
+            InPlaceProof::Waiting("x".into()),
+        )];
+        let p = one(input, &workloads, 10);
+        assert_eq!(
+            p.update,
+            [pod("b", "w2")],
+            "3 at once: one restarting, one updating, one new"
+        );
+        assert_eq!(p.status.updating, 2);
+        assert_eq!(p.status.restarting, 1);
+        assert_eq!(p.status.outdated, 1);
+        // And the cluster cap counts them too.
+        let mut input = in_place_input(&needing, RolloutStrategy::Auto, limits(9, 9));
+        input.updating = vec![updating(
+            "z",
+            "p0",
+            NOW - 5,
+            InPlaceProof::Waiting("x".into()),
+        )];
+        let p = one(input, &workloads, 2);
+        assert!(p.update.is_empty(), "the cap of 2 is used up");
+    }
+
+    #[test]
+    fn an_in_place_update_not_proven_within_the_timeout_halts_naming_the_pod_and_why() {
+        let workloads = [deployment("a", "w1")];
+        let mut input = input(&EMPTY, limits(5, 1));
+        input.strategy = RolloutStrategy::Auto;
+        input.updating = vec![updating(
+            "a",
+            "w1-x",
+            NOW - 301,
+            InPlaceProof::Waiting("container proxy runs the new image, not Ready yet".into()),
+        )];
+        let p = one(input.clone(), &workloads, 10);
+        assert_eq!(p.status.phase, RolloutPhase::Halted);
+        assert_eq!(p.status.halted_by.as_deref(), Some("Pod/a/w1-x"));
+        let (pod_ref, why) = p.newly_failed_pod.unwrap();
+        assert_eq!(pod_ref, pod("a", "w1-x"));
+        assert!(why.contains("container proxy"), "{why}");
+        // Within the timeout it is still updating.
+        input.updating[0].at = Some(ts(NOW - 10));
+        let p = one(input, &workloads, 10);
+        assert_eq!(p.status.phase, RolloutPhase::Rolling);
+        assert_eq!(p.status.updating, 1);
+    }
+
+    #[test]
+    fn a_broken_proof_halts_at_once_and_a_proven_one_completes() {
+        let workloads = [deployment("a", "w1")];
+        let mut input = input(&EMPTY, limits(5, 1));
+        input.strategy = RolloutStrategy::Auto;
+        input.updating = vec![updating(
+            "a",
+            "w1-x",
+            NOW - 1,
+            InPlaceProof::Broken("container app restarted during the update".into()),
+        )];
+        let p = one(input.clone(), &workloads, 10);
+        assert_eq!(p.status.phase, RolloutPhase::Halted);
+        input.updating[0].proof = InPlaceProof::Done;
+        let p = one(input, &workloads, 10);
+        assert_eq!(p.status.phase, RolloutPhase::Complete);
+        assert_eq!(p.status.updated_in_place, 1);
+        assert!(p.newly_failed_pod.is_none());
+    }
+
+    #[test]
+    fn with_a_canary_open_only_canary_pods_are_updated_in_place() {
+        let workloads = [deployment("canary-a", "w1"), deployment("prod", "w2")];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let needing = with_path(&pods, PodPath::InPlace);
+        let mut input = in_place_input(&needing, RolloutStrategy::Auto, limits(5, 5));
+        input.canary = true;
+        let p = one(input, &workloads, 10);
+        assert_eq!(p.update, [pod("canary-a", "w1")]);
+        assert_eq!(p.status.phase, RolloutPhase::Canary);
+        assert!(!p.promote, "the canary pod is not proven yet");
+    }
+
+    #[test]
+    fn a_pod_whose_workload_restarts_anyway_is_left_to_that_restart() {
+        let workloads = [deployment("a", "w1")];
+        let mut pods = Pods::of(&workloads, PodNeed::Outdated);
+        pods.0.push(pods.0[0].clone());
+        let mut needing = with_path(&pods, PodPath::InPlace);
+        needing[1].path = PodPath::Restart;
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::Auto, limits(5, 5)),
+            &workloads,
+            10,
+        );
+        assert_eq!(names(&p.restart), ["Deployment/a/w1"]);
+        assert!(p.update.is_empty());
+    }
+
+    #[test]
+    fn a_bare_pod_with_an_in_place_change_is_updated_never_counted_manual() {
+        let pods = Pods(vec![(
+            "a".into(),
+            labels("lonely"),
+            PodOwner::None,
+            PodNeed::Outdated,
+        )]);
+        let needing = with_path(&pods, PodPath::InPlace);
+        let p = one(
+            in_place_input(&needing, RolloutStrategy::Auto, limits(5, 5)),
+            &[],
+            10,
+        );
+        assert_eq!(p.update, [pod("a", "lonely")]);
+        assert_eq!(p.status.manual, 0);
     }
 }
