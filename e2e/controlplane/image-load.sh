@@ -2,7 +2,8 @@
 # `make image-load`: imports into the real node's containerd, without a registry,
 #   - Splice's image from `make image` (target/image/splice-VERSION.tar), under the reference the
 #     chart's defaults name (image.repository:image.tag in deploy/chart/values.yaml);
-#   - the pause image, and the tests' images (e2e/images): splice-testapp:e2e, splice-agnhost:e2e.
+#   - the pause image, and the tests' images (e2e/images): splice-testapp:e2e and :e2e-v2 (the
+#     same program, another image ID), splice-agnhost:e2e.
 # Each import is pinned (never garbage-collected) and checked through the CRI afterwards.
 # Honours SPLICE_RUN_DIR and SPLICE_PORT_BASE like up.sh.
 set -euo pipefail
@@ -34,7 +35,9 @@ images=$("$root/e2e/images/build.sh")
 node_import "$archive" "$ref_base"
 node_import "$images/pause.tar" "${PAUSE_IMAGE%:*}"
 node_import "$images/testapp.tar" docker.io/library/splice-testapp
-refs=("$ref_base:$tag" "$PAUSE_IMAGE" docker.io/library/splice-testapp:e2e)
+node_import "$images/testapp-v2.tar" docker.io/library/splice-testapp
+refs=("$ref_base:$tag" "$PAUSE_IMAGE" docker.io/library/splice-testapp:e2e
+  docker.io/library/splice-testapp:e2e-v2)
 if [ -f "$images/agnhost.tar" ]; then
   node_import "$images/agnhost.tar" docker.io/library/splice-agnhost
   refs+=(docker.io/library/splice-agnhost:e2e)

@@ -3,6 +3,8 @@
 # them, e2e/controlplane/up.sh imports the pause image):
 #   pause.tar    the sandbox image, imported as localhost/splice-pause:e2e
 #   testapp.tar  the tests' application, imported as splice-testapp:e2e (see testapp/main.go)
+#   testapp-v2.tar  the same program with one more file (/VERSION), so another digest and image
+#                ID: imported as splice-testapp:e2e-v2, the in-place rollout's new image
 #   agnhost.tar  the upstream e2e image's binary from the control plane's cache, for
 #                bench-admission's in-cluster arm, imported as splice-agnhost:e2e
 # Usage: build.sh [OUT_DIR]   (default target/image/e2e); prints OUT_DIR.
@@ -16,11 +18,15 @@ mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/splice-e2e-images.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-# image NAME BINARY ENTRYPOINT USER: one static binary at ENTRYPOINT in an image of its own.
+# image NAME BINARY ENTRYPOINT USER [TAG [VERSION]]: one static binary at ENTRYPOINT in an image of
+# its own, tagged TAG (default e2e); with VERSION, a /VERSION file holding it.
 image() {
-  local name=$1 binary=$2 entrypoint=$3 user=$4
+  local name=$1 binary=$2 entrypoint=$3 user=$4 tag=${5:-e2e} version=${6:-}
   install -D -m 0755 "$binary" "$work/$name/rootfs$entrypoint"
-  oci_image "$work/$name/oci" e2e "$work/$name/rootfs" "e2e/images/build.sh ($name)" \
+  if [ -n "$version" ]; then
+    echo "$version" > "$work/$name/rootfs/VERSION"
+  fi
+  oci_image "$work/$name/oci" "$tag" "$work/$name/rootfs" "e2e/images/build.sh ($name)" \
     --config.user "$user" --config.entrypoint "$entrypoint" >/dev/null
   mv "$work/$name/oci.tar" "$out/$name.tar"
 }
@@ -31,6 +37,7 @@ for cmd in pause testapp; do
 done
 image pause "$work/bin/pause" /pause 65535:65535
 image testapp "$work/bin/testapp" /testapp 65532:65532
+image testapp-v2 "$work/bin/testapp" /testapp 65532:65532 e2e-v2 v2
 agnhost="$("$root/e2e/controlplane/build.sh" --print-bin-dir)/agnhost"
 if [ -x "$agnhost" ]; then
   image agnhost "$agnhost" /agnhost 65532:65532
