@@ -1,0 +1,334 @@
+//! The one shape of the leader's periodic loops (coverage, the admission probe, and those to
+//! come): wait for the policy listing and the leader's view, tick at the loop's period, take one
+//! [`Snapshot`], let the loop decide ([`Loop::pass`], pure), look if it asked to (the probe's dry
+//! runs) and decide again from what it saw ([`Loop::judge`], pure), write what it decided through
+//! its owner's [`status::Writer`], each write after a last leadership check, and publish its
+//! metrics. A loop's state is plain data: its decisions are unit-tested with snapshots built by
+//! hand, without a cluster.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Client, Resource, ResourceExt};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
+use splice_engine::{CompiledPolicy, NamespaceContext};
+use splice_server::store::PolicyStore;
+
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::policy::conditions::{PlannedEvent, Severity};
+use crate::status::{self, Outcome, Owner};
+use crate::view::{LeaderView, PodRecord, Policies};
+
+/// What one tick of a loop decides from: the policies, the webhook's compilations, the leader's
+/// namespaces and pods, and the loop's own writes that the cache does not show yet.
+#[derive(Clone, Default)]
+pub struct Snapshot {
+    pub policies: Vec<Arc<InjectionPolicy>>,
+    /// The webhook's compiled policies by entry name (a canary's under `<policy>@canary`).
+    pub served: BTreeMap<String, Arc<CompiledPolicy>>,
+    pub namespaces: Arc<HashMap<String, NamespaceContext>>,
+    /// Bumped by the namespace watch on every change.
+    pub namespaces_generation: u64,
+    /// Empty unless the loop reads pods ([`Loop::PODS`]).
+    pub pods: Arc<Vec<Arc<PodRecord>>>,
+    pub pods_generation: u64,
+    /// Per policy, the slice this loop's owner wrote that the cache does not show yet.
+    pub pending: HashMap<String, InjectionPolicyStatus>,
+}
+
+impl Snapshot {
+    /// The status to decide from: the cached one, with `owner`'s pending write as its slice.
+    pub fn status<'a>(
+        &'a self,
+        owner: Owner,
+        policy: &'a InjectionPolicy,
+    ) -> Option<Cow<'a, InjectionPolicyStatus>> {
+        match self.pending.get(&policy.name_any()) {
+            Some(slice) => Some(Cow::Owned(owner.overlay(policy.status.as_ref(), slice))),
+            None => policy.status.as_ref().map(Cow::Borrowed),
+        }
+    }
+
+    /// The revision in force the webhook serves for `name`, as `policy::in_force::in_force_of`
+    /// reads it from the live store: the canary's entry first.
+    pub fn in_force_of(&self, name: &str) -> Option<Arc<CompiledPolicy>> {
+        self.served
+            .get(&splice_engine::entry::canary_key(name))
+            .or_else(|| self.served.get(name))
+            .cloned()
+    }
+}
+
+/// When a tick runs: the monotonic instant for scheduling, the wall clock for the status.
+#[derive(Clone, Copy, Debug)]
+pub struct Now {
+    pub at: Instant,
+    pub wall: Timestamp,
+}
+
+impl Now {
+    pub fn current() -> Self {
+        Now {
+            at: Instant::now(),
+            wall: Timestamp::now(),
+        }
+    }
+}
+
+/// One write a loop decided: its owner's slice of a policy's status, and what follows it.
+#[derive(Clone, Debug)]
+pub struct Write {
+    pub policy: Arc<InjectionPolicy>,
+    /// The whole slice: what the owner set before and omits here is removed.
+    pub slice: InjectionPolicyStatus,
+    /// Published once the slice is written (not when it was already up to date).
+    pub then: Option<PlannedEvent>,
+    /// Logged once the slice is written.
+    pub log: Option<String>,
+}
+
+/// What a pass decided: writes now, and looks to take before judging.
+pub struct Pass<L> {
+    pub writes: Vec<Write>,
+    pub looks: Vec<L>,
+}
+
+impl<L> Default for Pass<L> {
+    fn default() -> Self {
+        Pass {
+            writes: Vec::new(),
+            looks: Vec::new(),
+        }
+    }
+}
+
+/// A leader loop: its decisions, pure, over plain state; [`run`] does the rest.
+pub trait Loop: Send + 'static {
+    /// Names the loop in logs.
+    const NAME: &'static str;
+    /// Whose slice of the status it writes.
+    const OWNER: Owner;
+    /// Whether it reads the pods (a snapshot costs an Arc per pod, taken when they changed).
+    const PODS: bool;
+    /// What it asks to look at between deciding and judging (the probe's dry runs).
+    type Look: Send + 'static;
+    /// What a look found.
+    type Seen: Send + 'static;
+    /// What its looks need (a client, a token bucket); not part of its decisions.
+    type Io: Send + Sync + 'static;
+
+    fn period(&self) -> Duration;
+
+    /// Decides from one snapshot. Pure; runs off the async workers (it may be CPU work).
+    fn pass(&mut self, view: &Snapshot, now: Now) -> Pass<Self::Look>;
+
+    /// Takes the looks `pass` asked for (I/O only).
+    fn look(
+        io: &Self::Io,
+        view: &Snapshot,
+        looks: Vec<Self::Look>,
+    ) -> impl Future<Output = Vec<Self::Seen>> + Send {
+        let _ = (io, view, looks);
+        async { Vec::new() }
+    }
+
+    /// Decides what the looks found comes to. Pure.
+    fn judge(&mut self, view: &Snapshot, seen: Vec<Self::Seen>, now: Now) -> Vec<Write> {
+        let _ = (view, seen, now);
+        Vec::new()
+    }
+
+    /// A write to `policy` failed.
+    fn failed(&mut self, policy: &str, now: Now);
+
+    /// Publishes what the last pass measured.
+    fn publish(&mut self, metrics: &Metrics);
+}
+
+/// What every loop reads and writes through.
+pub struct Inputs {
+    pub policies: Policies,
+    pub view: LeaderView,
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub leading: Leadership,
+}
+
+/// Runs `l` until the term ends (or this replica stops leading).
+pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
+    let Inputs {
+        policies,
+        view,
+        client,
+        recorder,
+        metrics,
+        leading,
+    } = inputs;
+    let Policies {
+        cache,
+        mut listed,
+        webhook_policies: served,
+    } = policies;
+    tracing::debug!(what = L::NAME, "waiting for the policy cache");
+    if listed.wait_for(|l| *l).await.is_err() {
+        return;
+    }
+    let writer = status::Writer::new(client, L::OWNER, leading.clone());
+    let mut views = Views::default();
+    let mut ticker = tokio::time::interval(l.period());
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(snapshot) = views.take::<L>(&cache, &served, &view, &writer) else {
+            tracing::debug!(what = L::NAME, "waiting for the pod and namespace lists");
+            continue;
+        };
+        // Between terms, or past the renew deadline: nothing to decide until the term says.
+        if !leading.now() {
+            continue;
+        }
+        // Policies × pods is CPU work: off the async workers, which also serve admissions.
+        let decided = tokio::task::spawn_blocking(move || {
+            let pass = l.pass(&snapshot, Now::current());
+            (l, snapshot, pass)
+        })
+        .await;
+        let Ok((back, snapshot, pass)) = decided else {
+            return;
+        };
+        l = back;
+        if !write(&mut l, &writer, &recorder, &leading, pass.writes).await {
+            return;
+        }
+        if !pass.looks.is_empty() {
+            let seen = L::look(&io, &snapshot, pass.looks).await;
+            let writes = l.judge(&snapshot, seen, Now::current());
+            if !write(&mut l, &writer, &recorder, &leading, writes).await {
+                return;
+            }
+        }
+        l.publish(&metrics);
+    }
+}
+
+/// Applies `writes` in order, each after a last leadership check; false once this replica no
+/// longer leads.
+async fn write<L: Loop>(
+    l: &mut L,
+    writer: &status::Writer,
+    recorder: &Recorder,
+    leading: &Leadership,
+    writes: Vec<Write>,
+) -> bool {
+    for w in writes {
+        if !leading.now() {
+            return false;
+        }
+        let name = w.policy.name_any();
+        match writer.apply(&w.policy, &w.slice).await {
+            Ok(Outcome::UpToDate) => {}
+            Ok(Outcome::NotLeader) => return false,
+            Ok(Outcome::Written) => {
+                if let Some(log) = &w.log {
+                    tracing::info!(policy = %name, what = L::NAME, "{log}");
+                }
+                if let Some(event) = w.then {
+                    publish(recorder, &w.policy, event).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(policy = %name, what = L::NAME, error = %e, label = e.label(), "status not written");
+                l.failed(&name, Now::current());
+            }
+        }
+    }
+    true
+}
+
+async fn publish(recorder: &Recorder, policy: &InjectionPolicy, event: PlannedEvent) {
+    let reason = event.reason.clone();
+    let ev = Event {
+        type_: match event.severity {
+            Severity::Normal => EventType::Normal,
+            Severity::Warning => EventType::Warning,
+        },
+        reason: event.reason,
+        note: Some(event.note),
+        action: event.action.to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
+        tracing::warn!(policy = %policy.name_any(), %reason, error = %e, "could not publish an Event");
+    }
+}
+
+/// The namespaces and pods last copied out of the view, copied again only when they changed.
+#[derive(Default)]
+struct Views {
+    namespaces: Option<(u64, Arc<HashMap<String, NamespaceContext>>)>,
+    pods: Option<(u64, Arc<Vec<Arc<PodRecord>>>)>,
+}
+
+impl Views {
+    /// One snapshot for `L`; `None` until the lists it reads are synced.
+    fn take<L: Loop>(
+        &mut self,
+        cache: &Store<InjectionPolicy>,
+        served: &PolicyStore,
+        view: &LeaderView,
+        writer: &status::Writer,
+    ) -> Option<Snapshot> {
+        let (namespaces, namespaces_generation) = {
+            let n = view
+                .namespaces
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !n.synced {
+                return None;
+            }
+            let copy = match self.namespaces.take() {
+                Some((generation, copy)) if generation == n.generation => copy,
+                _ => Arc::new(n.contexts.clone()),
+            };
+            self.namespaces = Some((n.generation, Arc::clone(&copy)));
+            (copy, n.generation)
+        };
+        let (pods, pods_generation) = if L::PODS {
+            let p = view.pods.lock().unwrap_or_else(PoisonError::into_inner);
+            if !p.synced {
+                return None;
+            }
+            let copy = match self.pods.take() {
+                Some((generation, copy)) if generation == p.generation => copy,
+                _ => Arc::new(p.snapshot()),
+            };
+            self.pods = Some((p.generation, Arc::clone(&copy)));
+            (copy, p.generation)
+        } else {
+            (Arc::default(), 0)
+        };
+        let policies = cache.state();
+        let served = served
+            .names()
+            .into_iter()
+            .filter_map(|n| Some((n.clone(), served.get(&n)?)))
+            .collect();
+        Some(Snapshot {
+            pending: writer.pending(&policies),
+            policies,
+            served,
+            namespaces,
+            namespaces_generation,
+            pods,
+            pods_generation,
+        })
+    }
+}
