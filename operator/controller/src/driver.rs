@@ -332,3 +332,165 @@ impl Views {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use kube::runtime::{reflector, watcher};
+    use serde_json::{Value, json};
+    use splice_crds::Coverage;
+    use tokio::sync::watch;
+    use tower_test::mock;
+
+    use super::*;
+
+    /// A loop that decides one coverage write with an Event, every pass.
+    struct Once;
+
+    impl Loop for Once {
+        const NAME: &'static str = "test";
+        const OWNER: Owner = Owner::Coverage;
+        const PODS: bool = false;
+        type Look = ();
+        type Seen = ();
+        type Io = ();
+
+        fn period(&self) -> Duration {
+            Duration::from_millis(10)
+        }
+
+        fn pass(&mut self, view: &Snapshot, _now: Now) -> Pass<()> {
+            let writes = view
+                .policies
+                .iter()
+                .map(|p| Write {
+                    policy: Arc::clone(p),
+                    slice: InjectionPolicyStatus {
+                        coverage: Some(Coverage {
+                            matched: 1,
+                            ..Coverage::default()
+                        }),
+                        ..InjectionPolicyStatus::default()
+                    },
+                    then: Some(PlannedEvent {
+                        severity: Severity::Warning,
+                        reason: "Tested".into(),
+                        action: "Test",
+                        note: "n".into(),
+                    }),
+                    log: None,
+                })
+                .collect();
+            Pass {
+                writes,
+                looks: Vec::new(),
+            }
+        }
+
+        fn failed(&mut self, _policy: &str, _now: Now) {}
+
+        fn publish(&mut self, _metrics: &Metrics) {}
+    }
+
+    /// (method, path?query, body) of every request.
+    type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    /// An API server that stores nothing and answers every write with what was sent.
+    fn fake_api(seen: Seen) -> Client {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            let mut handle = std::pin::pin!(handle);
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let uri = request.uri().to_string();
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let answer = if uri.contains("/status") {
+                    json!({"apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+                        "metadata": {"name": "mesh", "uid": "u1", "resourceVersion": "6"},
+                        "spec": {}, "status": body["status"]})
+                } else {
+                    body.clone()
+                };
+                seen.lock().unwrap().push((method, uri, body));
+                let bytes = serde_json::to_vec(&answer).unwrap();
+                send.send_response(
+                    Response::builder()
+                        .status(200)
+                        .body(Body::from(bytes))
+                        .unwrap(),
+                );
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    fn inputs(client: Client, leading: bool) -> Inputs {
+        let (store, mut writer) = reflector::store::<InjectionPolicy>();
+        let mut p = InjectionPolicy::new("mesh", Default::default());
+        p.metadata.uid = Some("u1".into());
+        p.metadata.resource_version = Some("5".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(p));
+        let view = LeaderView::default();
+        view.namespaces
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .synced = true;
+        let reporter = Reporter {
+            controller: "splice".into(),
+            instance: None,
+        };
+        Inputs {
+            policies: Policies {
+                cache: store,
+                listed: watch::channel(true).1,
+                webhook_policies: Arc::new(PolicyStore::new()),
+            },
+            view,
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            metrics: Arc::new(Metrics::new()),
+            leading: Leadership::fixed(leading),
+        }
+    }
+
+    /// The requests of [`Once`] run for `time`, leading or not.
+    async fn requests(leading: bool, time: Duration) -> Vec<(String, String, Value)> {
+        let seen = Seen::default();
+        let task = tokio::spawn(run(Once, (), inputs(fake_api(Arc::clone(&seen)), leading)));
+        tokio::time::sleep(time).await;
+        task.abort();
+        seen.lock().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn a_decided_slice_is_applied_under_its_owners_manager_once_then_its_event_follows() {
+        let seen = requests(true, Duration::from_millis(300)).await;
+        let patches: Vec<_> = seen.iter().filter(|(m, _, _)| m == "PATCH").collect();
+        // Later passes decide the same slice: the writer knows it is written (the cache lags).
+        let [(_, uri, body)] = patches.as_slice() else {
+            panic!("one status write: {seen:?}")
+        };
+        assert!(uri.contains("/injectionpolicies/mesh/status"), "{uri}");
+        assert!(uri.contains("fieldManager=splice-coverage") && uri.contains("force=true"));
+        assert_eq!(
+            body["status"],
+            json!({"coverage": {"matched": 1, "current": 0, "outdated": 0, "missed": 0}})
+        );
+        let events: Vec<_> = seen
+            .iter()
+            .filter(|(m, u, _)| m == "POST" && u.contains("events"))
+            .collect();
+        assert_eq!(events.len(), 1, "{seen:?}");
+        assert_eq!(events[0].2["reason"], "Tested");
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_lead_decides_and_writes_nothing() {
+        assert!(requests(false, Duration::from_millis(100)).await.is_empty());
+    }
+}
