@@ -389,7 +389,10 @@ mod tests {
         let mut p: InjectionPolicy = serde_json::from_value(serde_json::json!({
             "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
             "metadata": {"name": "mesh", "uid": "u1", "generation": 1, "resourceVersion": "5"},
-            "spec": {"objectSelector": {"matchLabels": {"app": "web"}}, "template": {"labels": {"a": "b"}}}
+            "spec": {
+                "objectSelector": {"matchLabels": {"app": "web"}},
+                "template": {"labels": {"a": "b"}}
+            }
         }))
         .unwrap();
         p.status = Some(splice_crds::InjectionPolicyStatus {

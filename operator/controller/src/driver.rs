@@ -245,7 +245,9 @@ async fn write<L: Loop>(
                 }
             }
             Err(e) => {
-                tracing::warn!(policy = %name, what = L::NAME, error = %e, label = e.label(), "status not written");
+                let label = e.label();
+                let what = L::NAME;
+                tracing::warn!(policy = %name, what, error = %e, label, "status not written");
                 l.failed(&name, Now::current());
             }
         }
@@ -266,7 +268,8 @@ async fn publish(recorder: &Recorder, policy: &InjectionPolicy, event: PlannedEv
         secondary: None,
     };
     if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
-        tracing::warn!(policy = %policy.name_any(), %reason, error = %e, "could not publish an Event");
+        let policy = policy.name_any();
+        tracing::warn!(%policy, %reason, error = %e, "could not publish an Event");
     }
 }
 

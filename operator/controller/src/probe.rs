@@ -4,8 +4,9 @@
 //! opted-out baseline of the same pod. Runs when a policy or a namespace changes (after a short
 //! debounce) and every probe interval (jittered), all requests spaced by one token bucket. The
 //! result goes to the Verified condition and `status.probe`, under the field manager
-//! [`PROBE_MANAGER`] and only when it changes. What to probe and what a probe means is decided in
-//! [`super::verdict`]; this module sends the requests and writes.
+//! [`PROBE_MANAGER`] and only when it changes. Which policy to probe, where and when is decided
+//! by [`Probing`] (pure, run by [`crate::driver`]), what an answer means by [`super::verdict`];
+//! [`Shared`] sends the dry runs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
