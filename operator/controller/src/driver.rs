@@ -338,18 +338,14 @@ impl Views {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use http::{Request, Response};
-    use kube::client::Body;
     use kube::runtime::events::Reporter;
     use kube::runtime::{reflector, watcher};
     use serde_json::{Value, json};
     use splice_crds::Coverage;
     use tokio::sync::watch;
-    use tower_test::mock;
 
     use super::*;
+    use crate::status::tests::{Requests, fake_api};
 
     /// A loop that decides one coverage write with an Event, every pass.
     struct Once;
@@ -399,39 +395,6 @@ mod tests {
         fn publish(&mut self, _metrics: &Metrics) {}
     }
 
-    /// (method, path?query, body) of every request.
-    type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
-
-    /// An API server that stores nothing and answers every write with what was sent.
-    fn fake_api(seen: Seen) -> Client {
-        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        tokio::spawn(async move {
-            let mut handle = std::pin::pin!(handle);
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let uri = request.uri().to_string();
-                let body = request.into_body().collect_bytes().await.unwrap();
-                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let answer = if uri.contains("/status") {
-                    json!({"apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
-                        "metadata": {"name": "mesh", "uid": "u1", "resourceVersion": "6"},
-                        "spec": {}, "status": body["status"]})
-                } else {
-                    body.clone()
-                };
-                seen.lock().unwrap().push((method, uri, body));
-                let bytes = serde_json::to_vec(&answer).unwrap();
-                send.send_response(
-                    Response::builder()
-                        .status(200)
-                        .body(Body::from(bytes))
-                        .unwrap(),
-                );
-            }
-        });
-        Client::new(service, "default")
-    }
-
     fn inputs(client: Client, leading: bool) -> Inputs {
         let (store, mut writer) = reflector::store::<InjectionPolicy>();
         let mut p = InjectionPolicy::new("mesh", Default::default());
@@ -463,7 +426,7 @@ mod tests {
 
     /// The requests of [`Once`] run for `time`, leading or not.
     async fn requests(leading: bool, time: Duration) -> Vec<(String, String, Value)> {
-        let seen = Seen::default();
+        let seen = Requests::default();
         let task = tokio::spawn(run(Once, (), inputs(fake_api(Arc::clone(&seen)), leading)));
         tokio::time::sleep(time).await;
         task.abort();

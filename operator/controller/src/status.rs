@@ -320,10 +320,47 @@ impl Writer {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use http::{Request, Response};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use kube::client::Body;
+    use serde_json::{Value, json};
     use splice_crds::{Coverage, ProbeStatus, RolloutStatus};
+    use tower_test::mock;
+
+    /// (method, path?query, body) of every request.
+    pub(crate) type Requests = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    /// An API server that stores nothing and answers every write with what was sent.
+    pub(crate) fn fake_api(seen: Requests) -> Client {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            let mut handle = std::pin::pin!(handle);
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let uri = request.uri().to_string();
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let answer = if uri.contains("/status") {
+                    json!({"apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+                        "metadata": {"name": "mesh", "uid": "u1", "resourceVersion": "6"},
+                        "spec": {}, "status": body["status"]})
+                } else {
+                    body.clone()
+                };
+                seen.lock().unwrap().push((method, uri, body));
+                let bytes = serde_json::to_vec(&answer).unwrap();
+                send.send_response(
+                    Response::builder()
+                        .status(200)
+                        .body(Body::from(bytes))
+                        .unwrap(),
+                );
+            }
+        });
+        Client::new(service, "default")
+    }
 
     fn full() -> InjectionPolicyStatus {
         let c = |t: &str| Condition {
@@ -465,5 +502,58 @@ mod tests {
             [condition::READY, condition::VERIFIED, condition::ROLLED_OUT]
         );
         assert!(s.coverage.is_some() && s.probe.is_some() && s.rollout.is_some());
+    }
+
+    fn rolled_out(revision: &str) -> InjectionPolicyStatus {
+        let mut s = full();
+        Owner::Rollout.keep_own(&mut s);
+        s.rollout = Some(RolloutStatus {
+            revision: revision.into(),
+            ..RolloutStatus::default()
+        });
+        s
+    }
+
+    #[tokio::test]
+    async fn a_rollout_slice_is_applied_whole_under_its_manager_and_not_again_until_it_changes() {
+        let requests = Requests::default();
+        let client = fake_api(Arc::clone(&requests));
+        let writer = Writer::new(client, Owner::Rollout, Leadership::fixed(true));
+        let mut p = policy("u1", None);
+        p.metadata.name = Some("mesh".into());
+        p.status = Some(full());
+        let slice = rolled_out("r2");
+        assert_eq!(writer.apply(&p, &slice).await.unwrap(), Outcome::Written);
+        // The cache still holds the old status: the write is known, nothing is sent again.
+        assert_eq!(writer.apply(&p, &slice).await.unwrap(), Outcome::UpToDate);
+        let sent = requests.lock().unwrap().clone();
+        let [(method, uri, body)] = sent.as_slice() else {
+            panic!("one request: {sent:?}")
+        };
+        assert_eq!(method, "PATCH");
+        assert!(uri.contains("fieldManager=splice-rollout") && uri.contains("force=true"));
+        assert_eq!(body["status"], serde_json::to_value(&slice).unwrap());
+        assert_eq!(body["status"]["conditions"].as_array().unwrap().len(), 1);
+        let known = writer.known(&p).unwrap();
+        assert_eq!(known.rollout.unwrap().revision, "r2");
+        assert_eq!(
+            known.template_hash.as_deref(),
+            Some("h"),
+            "others' fields stay"
+        );
+        assert!(writer.written_at("mesh").is_some(), "the throttle's clock");
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_does_not_lead_sends_nothing() {
+        let requests = Requests::default();
+        let client = fake_api(Arc::clone(&requests));
+        let writer = Writer::new(client, Owner::Coverage, Leadership::fixed(false));
+        let p = policy("u1", None);
+        assert_eq!(
+            writer.apply(&p, &counted(1)).await.unwrap(),
+            Outcome::NotLeader
+        );
+        assert!(requests.lock().unwrap().is_empty());
     }
 }
