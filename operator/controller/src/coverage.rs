@@ -161,8 +161,10 @@ impl Loop for Counting {
     const OWNER: Owner = Owner::Coverage;
     const PODS: bool = true;
     type Look = Infallible;
+    type Act = Infallible;
     type Seen = Infallible;
     type Io = ();
+    type Extra = ();
 
     fn period(&self) -> Duration {
         PERIOD
@@ -197,8 +199,12 @@ impl Loop for Counting {
         self.gauges = Some(gauges);
         Pass {
             writes,
-            looks: Vec::new(),
+            ..Pass::default()
         }
+    }
+
+    async fn act(_io: &(), act: Infallible) -> Infallible {
+        act
     }
 
     /// Looks again next pass even if nothing else changes.

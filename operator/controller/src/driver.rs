@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::future::Future;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
@@ -27,9 +28,10 @@ use crate::status::{self, Outcome, Owner};
 use crate::view::{LeaderView, PodRecord, Policies};
 
 /// What one tick of a loop decides from: the policies, the webhook's compilations, the leader's
-/// namespaces and pods, and the loop's own writes that the cache does not show yet.
+/// namespaces and pods, the loop's own writes that the cache does not show yet, and what else the
+/// loop reads (`extra`: [`Loop::Extra`]).
 #[derive(Clone, Default)]
-pub struct Snapshot {
+pub struct Snapshot<X = ()> {
     pub policies: Vec<Arc<InjectionPolicy>>,
     /// The webhook's compiled policies by entry name (a canary's under `<policy>@canary`).
     pub served: BTreeMap<String, Arc<CompiledPolicy>>,
@@ -41,9 +43,10 @@ pub struct Snapshot {
     pub pods_generation: u64,
     /// Per policy, the slice this loop's owner wrote that the cache does not show yet.
     pub pending: HashMap<String, InjectionPolicyStatus>,
+    pub extra: X,
 }
 
-impl Snapshot {
+impl<X> Snapshot<X> {
     /// The status to decide from: the cached one, with `owner`'s pending write as its slice.
     pub fn status<'a>(
         &'a self,
@@ -94,16 +97,19 @@ pub struct Write {
     pub log: Option<String>,
 }
 
-/// What a pass decided: writes now, and looks to take before judging.
-pub struct Pass<L> {
+/// What a pass decided: status writes now, the loop's own writes (`acts`) and looks to take
+/// before judging.
+pub struct Pass<L, A = Infallible> {
     pub writes: Vec<Write>,
+    pub acts: Vec<A>,
     pub looks: Vec<L>,
 }
 
-impl<L> Default for Pass<L> {
+impl<L, A> Default for Pass<L, A> {
     fn default() -> Self {
         Pass {
             writes: Vec::new(),
+            acts: Vec::new(),
             looks: Vec::new(),
         }
     }
@@ -119,28 +125,54 @@ pub trait Loop: Send + 'static {
     const PODS: bool;
     /// What it asks to look at between deciding and judging (the probe's dry runs).
     type Look: Send + 'static;
-    /// What a look found.
+    /// Its own writes besides status slices (a rollout's restarts), each taken after a last
+    /// leadership check; `Infallible` for none.
+    type Act: Send + 'static;
+    /// What a look or an act came to, for [`Loop::judge`].
     type Seen: Send + 'static;
     /// What its looks need (a client, a token bucket); not part of its decisions.
     type Io: Send + Sync + 'static;
+    /// What it reads besides the view, copied from its `Io` at each tick (a rollout's workloads
+    /// and budgets); `()` for none.
+    type Extra: Default + Send + Sync + 'static;
 
     fn period(&self) -> Duration;
 
     /// Decides from one snapshot. Pure; runs off the async workers (it may be CPU work).
-    fn pass(&mut self, view: &Snapshot, now: Now) -> Pass<Self::Look>;
+    fn pass(&mut self, view: &Snapshot<Self::Extra>, now: Now) -> Pass<Self::Look, Self::Act>;
+
+    /// Waits until what `Io` keeps is listed (a rollout's workload caches); false: never.
+    fn ready(io: &Self::Io) -> impl Future<Output = bool> + Send {
+        let _ = io;
+        async { true }
+    }
+
+    /// Copies what the pass reads besides the view out of `Io`.
+    fn extra(io: &Self::Io) -> Self::Extra {
+        let _ = io;
+        Self::Extra::default()
+    }
 
     /// Takes the looks `pass` asked for (I/O only).
     fn look(
         io: &Self::Io,
-        view: &Snapshot,
+        view: &Snapshot<Self::Extra>,
         looks: Vec<Self::Look>,
     ) -> impl Future<Output = Vec<Self::Seen>> + Send {
         let _ = (io, view, looks);
         async { Vec::new() }
     }
 
-    /// Decides what the looks found comes to. Pure.
-    fn judge(&mut self, view: &Snapshot, seen: Vec<Self::Seen>, now: Now) -> Vec<Write> {
+    /// Takes one of its own writes (I/O only).
+    fn act(io: &Self::Io, act: Self::Act) -> impl Future<Output = Self::Seen> + Send;
+
+    /// Decides what the acts and looks came to. Pure.
+    fn judge(
+        &mut self,
+        view: &Snapshot<Self::Extra>,
+        seen: Vec<Self::Seen>,
+        now: Now,
+    ) -> Vec<Write> {
         let _ = (view, seen, now);
         Vec::new()
     }
@@ -178,7 +210,7 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
         webhook_policies: served,
     } = policies;
     tracing::debug!(what = L::NAME, "waiting for the policy cache");
-    if listed.wait_for(|l| *l).await.is_err() {
+    if listed.wait_for(|l| *l).await.is_err() || !L::ready(&io).await {
         return;
     }
     let writer = status::Writer::new(client, L::OWNER, leading.clone());
@@ -187,7 +219,7 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let Some(snapshot) = views.take::<L>(&cache, &served, &view, &writer) else {
+        let Some(snapshot) = views.take::<L>(&cache, &served, &view, &writer, &io) else {
             tracing::debug!(what = L::NAME, "waiting for the pod and namespace lists");
             continue;
         };
@@ -208,8 +240,17 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
         if !write(&mut l, &writer, &recorder, &leading, pass.writes).await {
             return;
         }
+        let mut seen = Vec::new();
+        for act in pass.acts {
+            if !leading.now() {
+                return;
+            }
+            seen.push(L::act(&io, act).await);
+        }
         if !pass.looks.is_empty() {
-            let seen = L::look(&io, &snapshot, pass.looks).await;
+            seen.extend(L::look(&io, &snapshot, pass.looks).await);
+        }
+        if !seen.is_empty() {
             let writes = l.judge(&snapshot, seen, Now::current());
             if !write(&mut l, &writer, &recorder, &leading, writes).await {
                 return;
@@ -288,7 +329,8 @@ impl Views {
         served: &PolicyStore,
         view: &LeaderView,
         writer: &status::Writer,
-    ) -> Option<Snapshot> {
+        io: &L::Io,
+    ) -> Option<Snapshot<L::Extra>> {
         let (namespaces, namespaces_generation) = {
             let n = view
                 .namespaces
@@ -332,6 +374,7 @@ impl Views {
             namespaces_generation,
             pods,
             pods_generation,
+            extra: L::extra(io),
         })
     }
 }
@@ -355,8 +398,10 @@ mod tests {
         const OWNER: Owner = Owner::Coverage;
         const PODS: bool = false;
         type Look = ();
+        type Act = Infallible;
         type Seen = ();
         type Io = ();
+        type Extra = ();
 
         fn period(&self) -> Duration {
             Duration::from_millis(10)
@@ -386,8 +431,12 @@ mod tests {
                 .collect();
             Pass {
                 writes,
-                looks: Vec::new(),
+                ..Pass::default()
             }
+        }
+
+        async fn act(_io: &(), act: Infallible) {
+            match act {}
         }
 
         fn failed(&mut self, _policy: &str, _now: Now) {}

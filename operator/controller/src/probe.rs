@@ -9,6 +9,7 @@
 //! [`Shared`] sends the dry runs.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::convert::Infallible;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -451,8 +452,10 @@ impl Loop for Probing {
     const OWNER: Owner = Owner::Probe;
     const PODS: bool = false;
     type Look = Job;
+    type Act = Infallible;
     type Seen = Probed;
     type Io = Shared;
+    type Extra = ();
 
     fn period(&self) -> Duration {
         TICK
@@ -461,7 +464,11 @@ impl Loop for Probing {
     fn pass(&mut self, view: &Snapshot, now: Now) -> Pass<Job> {
         let writes = self.track(view, now.at);
         let looks = self.due(view, now.at);
-        Pass { writes, looks }
+        Pass {
+            writes,
+            acts: Vec::new(),
+            looks,
+        }
     }
 
     async fn look(io: &Shared, _view: &Snapshot, jobs: Vec<Job>) -> Vec<Probed> {
@@ -490,6 +497,10 @@ impl Loop for Probing {
         seen.into_iter()
             .filter_map(|probed| self.conclude(view, probed, now))
             .collect()
+    }
+
+    async fn act(_io: &Shared, act: Infallible) -> Probed {
+        match act {}
     }
 
     /// A result not written is tried again after the debounce.
