@@ -1,9 +1,9 @@
 //! The one shape of the leader's periodic loops (coverage, the admission probe, and those to
 //! come): wait for the policy listing and the leader's view, tick at the loop's period, take one
-//! [`Snapshot`], let the loop decide ([`Loop::pass`], pure), look if it asked to (the probe's dry
-//! runs) and decide again from what it saw ([`Loop::judge`], pure), write what it decided through
-//! its owner's [`status::Writer`], each write after a last leadership check, and publish its
-//! metrics. A loop's state is plain data: its decisions are unit-tested with snapshots built by
+//! [`Snapshot`], let the loop decide ([`Loop::pass`], pure), write the status slices it decided
+//! through its owner's [`status::Writer`], take its own writes and looks (the probe's dry runs)
+//! and decide again from what they came to ([`Loop::judge`], pure), every write after a last
+//! leadership check, and publish its metrics. A loop's state is plain data: its decisions are unit-tested with snapshots built by
 //! hand, without a cluster.
 
 use std::borrow::Cow;
