@@ -9,7 +9,7 @@ use std::time::Duration;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
+use splice_crds::{InjectionPolicy, MANAGER};
 use tokio::sync::watch;
 
 use crate::certs::{ServingCert, rotation};
@@ -19,6 +19,7 @@ use crate::metrics::Metrics;
 use crate::policy::error::Error;
 use crate::policy::render::ClientTarget;
 use crate::policy::{enforcement, in_force, neighbours};
+use crate::status::{self, Owner};
 use crate::values::ValuesCache;
 
 /// Everything `splice run` is configured with.
@@ -90,15 +91,9 @@ pub struct Context {
     awaiting: Mutex<HashMap<String, enforcement::Awaiting>>,
     /// Consecutive failures per policy, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
-    /// The status this replica last wrote per policy, until the watch delivers it.
-    written: Mutex<HashMap<String, WrittenStatus>>,
-}
-
-struct WrittenStatus {
-    uid: Option<String>,
-    /// resourceVersion of the object the write was based on.
-    based_on: Option<String>,
-    status: InjectionPolicyStatus,
+    /// The writer of the reconcile's slice of each status (what it wrote, until the watch
+    /// delivers it).
+    pub status: status::Writer,
 }
 
 /// Every input a [`Context`] is built from, each required: a forgotten one is a compile error,
@@ -123,6 +118,11 @@ impl Context {
             controller: MANAGER.to_owned(),
             instance: Some(settings.lease.identity.clone()),
         };
+        let status = status::Writer::new(
+            parts.client.clone(),
+            Owner::Reconcile,
+            parts.leading.clone(),
+        );
         Context {
             recorder: Recorder::new(parts.client.clone(), reporter),
             client: parts.client,
@@ -146,7 +146,7 @@ impl Context {
             namespaces: parts.namespaces,
             awaiting: Mutex::default(),
             failures: Mutex::default(),
-            written: Mutex::default(),
+            status,
         }
     }
 
@@ -212,45 +212,6 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(policy);
-    }
-
-    /// The status to compare against: the cached object's, unless the cache still holds the very
-    /// version our last status write was based on (its watch event has not arrived yet), in which
-    /// case what we wrote. Without this, a reconcile right after a write would write again.
-    pub(crate) fn last_known_status(
-        &self,
-        policy: &InjectionPolicy,
-    ) -> Option<InjectionPolicyStatus> {
-        let name = policy.name_any();
-        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
-        match written.get(&name) {
-            Some(w)
-                if w.uid == policy.metadata.uid
-                    && w.based_on == policy.metadata.resource_version =>
-            {
-                Some(w.status.clone())
-            }
-            Some(_) => {
-                // The cache has moved past our write: it is the truth again.
-                written.remove(&name);
-                policy.status.clone()
-            }
-            None => policy.status.clone(),
-        }
-    }
-
-    pub(crate) fn remember_status(&self, policy: &InjectionPolicy, status: &InjectionPolicyStatus) {
-        self.written
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                policy.name_any(),
-                WrittenStatus {
-                    uid: policy.metadata.uid.clone(),
-                    based_on: policy.metadata.resource_version.clone(),
-                    status: status.clone(),
-                },
-            );
     }
 }
 

@@ -10,19 +10,20 @@
 //! is "missed", e.g. admitted while the webhook was unreachable under failurePolicy Ignore.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError};
+use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::leader::Leadership;
-use crate::metrics::Metrics;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Client, Resource, ResourceExt};
-use splice_crds::{Coverage, InjectionPolicy};
+use kube::ResourceExt;
+use splice_crds::{Coverage, InjectionPolicy, InjectionPolicyStatus};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
-use crate::view::{LeaderView, PodRecord, PodState, Policies, classify, in_force_since, version};
+use crate::driver::{self, Inputs, Loop, Now, Pass, Snapshot, Write};
+use crate::metrics::Metrics;
+use crate::policy::conditions::{PlannedEvent, Severity};
+use crate::status::Owner;
+use crate::view::{PodRecord, PodState, classify, in_force_since, version};
 
 pub use crate::status::COVERAGE_MANAGER;
 /// One counting pass at most this often, so pod churn costs at most one status write per policy
@@ -67,90 +68,53 @@ pub fn count<'a>(
 
 /// (uid, generation, compiled policy).
 type CompiledEntry = (Option<String>, Option<i64>, Arc<CompiledPolicy>);
-/// (pod generation, namespace generation, (policy, resourceVersion)…): what the last pass saw.
+/// (pod generation, namespace generation, (policy, resourceVersion, data)…): what a pass saw.
 type Seen = (u64, u64, Vec<(String, Option<String>, String)>);
 
-/// The leader's coverage loop; cancelled with the rest of the leader's work.
-pub async fn run(
-    client: Client,
-    splice_namespace: String,
-    policies: Policies,
-    observed: LeaderView,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    leading: Leadership,
-) {
-    let Policies {
-        cache: policies,
-        mut listed,
-        webhook_policies: served,
-    } = policies;
-    let LeaderView { namespaces, pods } = observed;
-    tracing::debug!("coverage: waiting for the policy cache");
-    if listed.wait_for(|l| *l).await.is_err() {
-        return;
-    }
-    tracing::debug!("coverage: counting");
-    let exclusions = Exclusions::default_for(&splice_namespace);
-    let api: Api<InjectionPolicy> = Api::all(client);
-    let mut compiled: HashMap<String, CompiledEntry> = HashMap::new();
-    // What this replica last wrote per policy (uid, coverage), until the cache shows it.
-    let mut written: HashMap<String, (Option<String>, Coverage)> = HashMap::new();
-    let mut last_seen: Option<Seen> = None;
-    let mut ticker = tokio::time::interval(PERIOD);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        let all = policies.state();
-        // The served entry's data digests too: a valuesFrom change moves no resourceVersion.
-        let mut fingerprint: Vec<(String, Option<String>, String)> = all
-            .iter()
-            .map(|p| {
-                let name = p.name_any();
-                let data = served
-                    .get(&name)
-                    .map(|c| version("", c.data_digests()))
-                    .unwrap_or_default();
-                (name, p.resource_version(), data)
-            })
-            .collect();
-        fingerprint.sort();
-        let (pods_gen, pods_synced) = {
-            let p = pods.lock().unwrap_or_else(PoisonError::into_inner);
-            (p.generation, p.synced)
-        };
-        let (ns_gen, ns_synced, contexts) = {
-            let n = namespaces.lock().unwrap_or_else(PoisonError::into_inner);
-            (n.generation, n.synced, n.contexts.clone())
-        };
-        if !pods_synced || !ns_synced {
-            tracing::debug!(
-                pods_synced,
-                ns_synced,
-                "coverage: waiting for the pod and namespace lists"
-            );
-            continue;
-        }
-        let seen = (pods_gen, ns_gen, fingerprint);
-        if last_seen.as_ref() == Some(&seen) {
-            continue;
-        }
-        last_seen = Some(seen);
+/// The leader's coverage loop ([`Counting`] under the shared driver); ends with the term.
+pub async fn run(splice_namespace: String, inputs: Inputs) {
+    driver::run(Counting::new(&splice_namespace), (), inputs).await;
+}
 
-        let mut work = Vec::with_capacity(all.len());
-        for policy in &all {
+/// The coverage loop's state: plain data, decided over by [`Loop::pass`].
+pub struct Counting {
+    exclusions: Exclusions,
+    /// Compilations of policies the webhook does not serve at their generation, kept per
+    /// (uid, generation) so a pass compiles only what changed.
+    compiled: HashMap<String, CompiledEntry>,
+    last_seen: Option<Seen>,
+    /// What the last pass counted, until published.
+    gauges: Option<HashMap<String, [i64; 4]>>,
+}
+
+impl Counting {
+    pub fn new(splice_namespace: &str) -> Self {
+        Counting {
+            exclusions: Exclusions::default_for(splice_namespace),
+            compiled: HashMap::new(),
+            last_seen: None,
+            gauges: None,
+        }
+    }
+
+    /// Each policy with its compiled generation; a policy that does not compile is left out (the
+    /// reconcile reports it; nothing is injected for it).
+    fn compile(&mut self, view: &Snapshot) -> Vec<(Arc<InjectionPolicy>, Arc<CompiledPolicy>)> {
+        let mut work = Vec::with_capacity(view.policies.len());
+        for policy in &view.policies {
             let name = policy.name_any();
             let key = (policy.uid(), policy.metadata.generation);
             // The webhook's own compilation of this generation, when it has it: a second one per
             // policy (templates, selectors, render caches) would double that memory.
-            if let Some(c) = crate::policy::in_force::in_force_of(&served, &name)
+            if let Some(c) = view
+                .in_force_of(&name)
                 .filter(|c| Some(c.generation()) == key.1)
             {
-                compiled.remove(&name);
+                self.compiled.remove(&name);
                 work.push((Arc::clone(policy), c));
                 continue;
             }
-            let c = match compiled.get(&name) {
+            let c = match self.compiled.get(&name) {
                 Some((uid, generation, c)) if (uid, generation) == (&key.0, &key.1) => {
                     Arc::clone(c)
                 }
@@ -158,117 +122,132 @@ pub async fn run(
                     match CompiledPolicy::compile(&name, key.1.unwrap_or_default(), &policy.spec) {
                         Ok(c) => {
                             let c = Arc::new(c);
-                            compiled.insert(name.clone(), (key.0, key.1, Arc::clone(&c)));
+                            self.compiled
+                                .insert(name.clone(), (key.0, key.1, Arc::clone(&c)));
                             c
                         }
-                        // The reconciler reports an invalid policy; nothing is injected for it.
                         Err(_) => continue,
                     }
                 }
             };
             work.push((Arc::clone(policy), c));
         }
-        let snapshot = pods
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot();
-        let excl = exclusions.clone();
-        let started = std::time::Instant::now();
-        // Policies × pods is CPU work: off the async workers, which also serve admissions.
-        let pass = tokio::task::spawn_blocking(move || {
-            let mut gauges = HashMap::new();
-            let mut results = Vec::with_capacity(work.len());
-            for (policy, c) in work {
-                let n = count(
-                    &c,
-                    in_force_since(&policy),
-                    &contexts,
-                    &excl,
-                    snapshot.iter().map(|r| &**r),
-                );
-                let cv = n.coverage;
-                gauges.insert(
-                    c.name().to_owned(),
-                    [cv.matched, cv.current, cv.outdated, cv.missed],
-                );
-                results.push((policy, n));
-            }
-            (gauges, results)
-        })
-        .await;
-        let Ok((gauges, results)) = pass else {
-            return;
-        };
-        tracing::debug!(
-            policies = results.len(),
-            pods = pods_gen,
-            took = ?started.elapsed(),
-            "coverage pass"
-        );
-        compiled.retain(|name, _| gauges.contains_key(name));
-        compiled.shrink_to_fit();
-        written.retain(|name, _| gauges.contains_key(name));
-        metrics.set_coverage(gauges);
+        work
+    }
+}
 
-        for (policy, n) in results {
-            let name = policy.name_any();
-            let cached = policy.status.as_ref().and_then(|s| s.coverage);
-            let known = match written.get(&name) {
-                Some((uid, cv)) if uid == &policy.uid() && cached != Some(*cv) => Some(*cv),
-                _ => cached,
-            };
-            // An absent coverage reads as zero, so a policy that matches nothing costs no write.
-            let before = known.unwrap_or_default();
-            if before == n.coverage {
-                continue;
-            }
-            if !leading.now() {
-                return;
-            }
-            let patch = serde_json::json!({
-                "apiVersion": InjectionPolicy::api_version(&()),
-                "kind": InjectionPolicy::kind(&()),
-                "status": { "coverage": n.coverage },
-            });
-            match api
-                .patch_status(
-                    &name,
-                    &PatchParams::apply(COVERAGE_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-            {
-                Ok(_) => {
-                    written.insert(name.clone(), (policy.uid(), n.coverage));
-                }
-                Err(e) => {
-                    tracing::warn!(policy = %name, error = %e, "could not write status.coverage");
-                    // Look again next pass even if nothing else changes.
-                    last_seen = None;
-                    continue;
-                }
-            }
-            if n.coverage.missed > before.missed {
-                let note = format!(
-                    "{} pod(s) this policy selects were admitted without its injection (e.g. {}): \
-                     the webhook was unreachable or failed open, or the API server had not yet \
-                     seen their namespace's new labels. Recreate them to inject.",
-                    n.coverage.missed,
-                    n.missed_examples.join(", ")
-                );
-                let ev = Event {
-                    type_: EventType::Warning,
-                    reason: "PodsMissed".into(),
-                    note: Some(note),
-                    action: "CountCoverage".into(),
-                    secondary: None,
-                };
-                if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
-                    tracing::warn!(policy = %name, error = %e, "could not publish the PodsMissed Event");
-                }
-            }
+/// What a pass depends on besides the pods and namespaces: each policy's resourceVersion, and the
+/// served entry's data digests (a valuesFrom change moves no resourceVersion).
+fn seen(view: &Snapshot) -> Seen {
+    let mut policies: Vec<(String, Option<String>, String)> = view
+        .policies
+        .iter()
+        .map(|p| {
+            let name = p.name_any();
+            let data = view
+                .served
+                .get(&name)
+                .map(|c| version("", c.data_digests()))
+                .unwrap_or_default();
+            (name, p.resource_version(), data)
+        })
+        .collect();
+    policies.sort();
+    (view.pods_generation, view.namespaces_generation, policies)
+}
+
+impl Loop for Counting {
+    const NAME: &'static str = "coverage";
+    const OWNER: Owner = Owner::Coverage;
+    const PODS: bool = true;
+    type Look = Infallible;
+    type Act = Infallible;
+    type Seen = Infallible;
+    type Io = ();
+    type Extra = ();
+
+    fn period(&self) -> Duration {
+        PERIOD
+    }
+
+    /// Counts every policy when anything it depends on changed; writes the counts that differ
+    /// from the known ones.
+    fn pass(&mut self, view: &Snapshot, _now: Now) -> Pass<Infallible> {
+        let seen = seen(view);
+        if self.last_seen.as_ref() == Some(&seen) {
+            return Pass::default();
+        }
+        self.last_seen = Some(seen);
+        let mut gauges = HashMap::new();
+        let mut writes = Vec::new();
+        for (policy, c) in self.compile(view) {
+            let pods = view.pods.iter().map(|r| &**r);
+            let since = in_force_since(&policy);
+            let n = count(&c, since, &view.namespaces, &self.exclusions, pods);
+            let cv = n.coverage;
+            gauges.insert(
+                c.name().to_owned(),
+                [cv.matched, cv.current, cv.outdated, cv.missed],
+            );
+            let known = view
+                .status(Owner::Coverage, &policy)
+                .and_then(|s| s.coverage);
+            writes.extend(write_of(&policy, known, &n));
+        }
+        self.compiled.retain(|name, _| gauges.contains_key(name));
+        self.compiled.shrink_to_fit();
+        self.gauges = Some(gauges);
+        Pass {
+            writes,
+            ..Pass::default()
         }
     }
+
+    async fn act(_io: &(), act: Infallible) -> Infallible {
+        act
+    }
+
+    /// Looks again next pass even if nothing else changes.
+    fn failed(&mut self, _policy: &str, _now: Now) {
+        self.last_seen = None;
+    }
+
+    fn publish(&mut self, metrics: &Metrics) {
+        if let Some(gauges) = self.gauges.take() {
+            metrics.set_coverage(gauges);
+        }
+    }
+}
+
+/// The write `n` comes to for `policy` whose known coverage is `known`: none when it says the
+/// same (an absent coverage reads as zero, so a policy that matches nothing costs no write); a
+/// PodsMissed Warning with it when more pods were missed than before.
+fn write_of(policy: &Arc<InjectionPolicy>, known: Option<Coverage>, n: &Count) -> Option<Write> {
+    let before = known.unwrap_or_default();
+    if before == n.coverage {
+        return None;
+    }
+    let then = (n.coverage.missed > before.missed).then(|| PlannedEvent {
+        severity: Severity::Warning,
+        reason: "PodsMissed".into(),
+        action: "CountCoverage",
+        note: format!(
+            "{} pod(s) this policy selects were admitted without its injection (e.g. {}): the \
+             webhook was unreachable or failed open, or the API server had not yet seen their \
+             namespace's new labels. Recreate them to inject.",
+            n.coverage.missed,
+            n.missed_examples.join(", ")
+        ),
+    });
+    Some(Write {
+        policy: Arc::clone(policy),
+        slice: InjectionPolicyStatus {
+            coverage: Some(n.coverage),
+            ..InjectionPolicyStatus::default()
+        },
+        then,
+        log: None,
+    })
 }
 
 #[cfg(test)]
@@ -410,5 +389,154 @@ mod tests {
         let r = record(&meta, &mut HashMap::new()).unwrap();
         assert_eq!(r.injected, [("mesh".to_owned(), "h1".to_owned())]);
         assert_eq!(r.recorded_hash("mesh"), Some("h1"));
+    }
+
+    /// A policy named `mesh` selecting `app: web`, Ready (in force) since second 1000.
+    fn cached_policy(coverage: Option<Coverage>) -> Arc<InjectionPolicy> {
+        let mut p: InjectionPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+            "metadata": {"name": "mesh", "uid": "u1", "generation": 1, "resourceVersion": "5"},
+            "spec": {
+                "objectSelector": {"matchLabels": {"app": "web"}},
+                "template": {"labels": {"a": "b"}}
+            }
+        }))
+        .unwrap();
+        p.status = Some(splice_crds::InjectionPolicyStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: splice_crds::condition::READY.into(),
+                status: "True".into(),
+                reason: "Configured".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::from_second(1000).unwrap(),
+                ),
+            }],
+            coverage,
+            ..Default::default()
+        });
+        Arc::new(p)
+    }
+
+    fn view(policy: Arc<InjectionPolicy>, pods: Vec<PodRecord>) -> Snapshot {
+        Snapshot {
+            policies: vec![policy],
+            pods: Arc::new(pods.into_iter().map(Arc::new).collect()),
+            pods_generation: 1,
+            namespaces_generation: 1,
+            ..Snapshot::default()
+        }
+    }
+
+    fn now() -> Now {
+        Now::current()
+    }
+
+    /// `matched` pods selected, `missed` of them missed.
+    fn missing(matched: i64, missed: i64) -> Coverage {
+        Coverage {
+            matched,
+            missed,
+            ..Coverage::default()
+        }
+    }
+
+    fn missed_two() -> Vec<PodRecord> {
+        vec![
+            pod("shop", "a", &[("app", "web")], 2000, None),
+            pod("shop", "b", &[("app", "web")], 2000, None),
+        ]
+    }
+
+    #[test]
+    fn a_pass_writes_a_changed_count_and_warns_naming_the_missed_pods() {
+        let mut c = Counting::new("splice-system");
+        let pass = c.pass(&view(cached_policy(None), missed_two()), now());
+        let [w] = pass.writes.as_slice() else {
+            panic!("one write: {:?}", pass.writes)
+        };
+        let counted = missing(2, 2);
+        assert_eq!(w.slice.coverage, Some(counted));
+        assert!(w.slice.conditions.is_empty() && w.slice.probe.is_none());
+        let event = w.then.as_ref().expect("a PodsMissed Event");
+        assert_eq!(
+            (event.reason.as_str(), event.action, event.severity),
+            ("PodsMissed", "CountCoverage", Severity::Warning)
+        );
+        assert!(
+            event.note.contains("(e.g. shop/a, shop/b)"),
+            "{}",
+            event.note
+        );
+        assert_eq!(c.gauges.as_ref().unwrap()["mesh"], [2, 0, 0, 2]);
+    }
+
+    #[test]
+    fn an_unchanged_view_is_not_counted_again_until_a_write_fails() {
+        let mut c = Counting::new("splice-system");
+        let v = view(cached_policy(None), missed_two());
+        assert_eq!(c.pass(&v, now()).writes.len(), 1);
+        c.publish(&Metrics::new());
+        let again = c.pass(&v, now());
+        assert!(again.writes.is_empty() && c.gauges.is_none());
+        c.failed("mesh", now());
+        assert_eq!(
+            c.pass(&v, now()).writes.len(),
+            1,
+            "counted again after a failure"
+        );
+    }
+
+    #[test]
+    fn a_count_the_cache_or_a_pending_write_holds_is_not_written_again() {
+        let counted = missing(2, 2);
+        let mut c = Counting::new("splice-system");
+        let shown = view(cached_policy(Some(counted)), missed_two());
+        assert!(c.pass(&shown, now()).writes.is_empty());
+
+        let mut c = Counting::new("splice-system");
+        let mut pending = view(cached_policy(None), missed_two());
+        pending.pending.insert(
+            "mesh".into(),
+            splice_crds::InjectionPolicyStatus {
+                coverage: Some(counted),
+                ..Default::default()
+            },
+        );
+        assert!(c.pass(&pending, now()).writes.is_empty());
+    }
+
+    #[test]
+    fn a_policy_that_matches_nothing_costs_no_write_but_exports_zeros() {
+        let mut c = Counting::new("splice-system");
+        let pass = c.pass(&view(cached_policy(None), Vec::new()), now());
+        assert!(pass.writes.is_empty());
+        assert_eq!(c.gauges.as_ref().unwrap()["mesh"], [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn fewer_missed_pods_are_written_without_a_warning() {
+        let before = missing(3, 3);
+        let mut c = Counting::new("splice-system");
+        let pass = c.pass(&view(cached_policy(Some(before)), missed_two()), now());
+        let [w] = pass.writes.as_slice() else {
+            panic!("one write")
+        };
+        assert_eq!(w.slice.coverage.map(|c| c.missed), Some(2));
+        assert!(w.then.is_none());
+    }
+
+    #[test]
+    fn a_policy_that_does_not_compile_is_not_counted() {
+        let mut p = (*cached_policy(None)).clone();
+        p.spec.object_selector = serde_json::from_value(serde_json::json!(
+            {"matchExpressions": [{"key": "app", "operator": "Bogus"}]}
+        ))
+        .unwrap();
+        let mut c = Counting::new("splice-system");
+        let pass = c.pass(&view(Arc::new(p), missed_two()), now());
+        assert!(pass.writes.is_empty());
+        assert!(c.gauges.as_ref().unwrap().is_empty());
     }
 }

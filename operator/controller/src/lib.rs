@@ -15,6 +15,7 @@
 pub mod certs;
 pub mod context;
 pub mod coverage;
+pub mod driver;
 pub mod guard;
 pub mod leader;
 pub mod metrics;

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use splice_crds::{InjectionPolicy, InjectionPolicyStatus, MANAGER};
+use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
 use splice_engine::{CompiledPolicy, NamespaceContext, PolicyError, ValuesFromError};
 
 use super::apply::{Applied, CallFailed, Removal, Step, apply_if_changed, remove_if_ours};
@@ -30,7 +30,7 @@ use super::render::{RenderContext, RenderError, render_group};
 use super::{intree, intree_apply};
 use crate::Context;
 use crate::retry::backoff;
-use crate::status::Owner;
+use crate::status::{self, Owner, WriteError};
 use crate::verdict::{self, Answer};
 use splice_engine::entry::{Group, Plan, webhook_configuration_name};
 
@@ -83,17 +83,13 @@ async fn reconcile_policy(policy: &InjectionPolicy, ctx: &Context) -> Result<Act
     if ctx.ca_bundle.borrow().is_none() {
         let problem = ctx.certificate_problem.borrow().clone();
         if let Some(status) = problem.and_then(|p| {
-            super::conditions::unavailable_status(
-                ctx.last_known_status(policy).as_ref(),
-                policy,
-                &p,
-            )
+            super::conditions::unavailable_status(ctx.status.known(policy).as_ref(), policy, &p)
         }) {
             write_status(ctx, policy, &status).await?;
         }
         return Err(Error::NoCertificate);
     }
-    let known = ctx.last_known_status(policy);
+    let known = ctx.status.known(policy);
     let guard = ctx.guard.borrow().clone();
     let all = ctx.policies.state();
     let desired = desired(
@@ -458,7 +454,7 @@ async fn report(
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's, status.rollout and RolledOut to the rollout's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
-    let current = ctx.last_known_status(policy).map(|mut s| {
+    let current = ctx.status.known(policy).map(|mut s| {
         Owner::Reconcile.keep_own(&mut s);
         s
     });
@@ -481,8 +477,7 @@ async fn report(
     ctx.metrics.set_not_enforced(&name, enforced.not_enforced());
     status.certificate_not_after = ctx.serving.borrow().not_after_rfc3339();
     let mut events = Vec::new();
-    if current.as_ref() != Some(&status) {
-        write_status(ctx, policy, &status).await?;
+    if write_status(ctx, policy, &status).await? {
         events = planned_events(current.as_ref(), &status);
     }
     if let Some(drift) = restored {
@@ -632,7 +627,8 @@ async fn retire(
     let name = policy.name_any();
     let mut candidates = BTreeSet::from([webhook_configuration_name(&name)]);
     if let Some(previous) = ctx
-        .last_known_status(policy)
+        .status
+        .known(policy)
         .and_then(|s| s.webhook_configuration)
     {
         candidates.insert(previous);
@@ -692,33 +688,21 @@ async fn ensure_absent(ctx: &Context, policy: &InjectionPolicy, name: &str) -> R
     }
 }
 
+/// Writes the reconcile's slice of the status unless it is known already; true when written.
 async fn write_status(
     ctx: &Context,
     policy: &InjectionPolicy,
     status: &InjectionPolicyStatus,
-) -> Result<(), Error> {
-    ctx.ensure_leading()?;
-    let name = policy.name_any();
-    let api: Api<InjectionPolicy> = Api::all(ctx.client.clone());
-    // Server-side apply of the whole status: a field this manager set before and omits now (the
-    // configuration name of a paused policy) is removed, which a merge patch would not do.
-    let patch = serde_json::json!({
-        "apiVersion": InjectionPolicy::api_version(&()),
-        "kind": InjectionPolicy::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        name: name.clone(),
-        source,
-    })?;
-    ctx.remember_status(policy, status);
-    Ok(())
+) -> Result<bool, Error> {
+    match ctx.status.apply(policy, status).await {
+        Ok(status::Outcome::Written) => Ok(true),
+        Ok(status::Outcome::UpToDate) => Ok(false),
+        Ok(status::Outcome::NotLeader) => Err(Error::NotLeader),
+        Err(WriteError::Patch { policy, source, .. }) => Err(Error::Status {
+            name: policy,
+            source,
+        }),
+    }
 }
 
 async fn publish(ctx: &Context, policy: &InjectionPolicy, event: PlannedEvent) {

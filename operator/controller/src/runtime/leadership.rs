@@ -24,7 +24,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::reconcile::{error_policy, reconcile};
 use crate::policy::{neighbours, validating};
-use crate::{Context, Settings, certs, coverage, guard, probe, rollout, view};
+use crate::{Context, Settings, certs, coverage, driver, guard, probe, rollout, view};
 
 /// The tasks of one leadership term, owned together: ending the term (or dropping it) aborts
 /// every one of them, whichever await each is in. A dropped `JoinHandle` would detach its task
@@ -190,36 +190,28 @@ pub(super) fn lead(
         ctx.recorder.clone(),
         ctx.leading.clone(),
     ));
-    term.spawn(coverage::run(
-        client.clone(),
-        settings.namespace.clone(),
-        view::Policies {
-            cache: controller.store(),
+    let inputs = |view: view::LeaderView| driver::Inputs {
+        policies: view::Policies {
+            cache: ctx.policies.clone(),
             listed: listed.clone(),
             webhook_policies: Arc::clone(&served),
         },
-        observed,
-        Arc::clone(&ctx.metrics),
-        ctx.recorder.clone(),
-        ctx.leading.clone(),
+        view,
+        client: client.clone(),
+        recorder: ctx.recorder.clone(),
+        metrics: Arc::clone(&ctx.metrics),
+        leading: ctx.leading.clone(),
+    };
+    term.spawn(coverage::run(
+        settings.namespace.clone(),
+        inputs(observed.clone()),
     ));
     if let Some(interval) = settings.probe_interval {
-        term.spawn(probe::run(
-            client.clone(),
-            probe::Config {
-                interval,
-                splice_namespace: settings.namespace.clone(),
-            },
-            view::Policies {
-                cache: ctx.policies.clone(),
-                listed,
-                webhook_policies: served,
-            },
-            Arc::clone(&namespaces),
-            Arc::clone(&ctx.metrics),
-            ctx.recorder.clone(),
-            ctx.leading.clone(),
-        ));
+        let config = probe::Config {
+            interval,
+            splice_namespace: settings.namespace.clone(),
+        };
+        term.spawn(probe::run(config, inputs(observed)));
     }
     // A spec change or deletion re-reconciles only its conflict partners (`neighbours`); a new CA
     // changes every caBundle; the guard's verdict changes every policy that requests Fail.
