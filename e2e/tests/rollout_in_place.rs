@@ -101,7 +101,6 @@ async fn seen(ns: &TestNamespace) -> Result<BTreeMap<String, Seen>> {
 
 /// `count` Deployments of `replicas` pods each in `ns`, available and injected at `hash`.
 async fn deploy_replicated(
-    client: &kube::Client,
     ns: &TestNamespace,
     count: usize,
     replicas: i32,
@@ -114,12 +113,8 @@ async fn deploy_replicated(
         let name = format!("app-{i}");
         let mut d = deployment(&name, instance);
         d["spec"]["replicas"] = replicas.into();
-        api.patch(
-            &name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&d),
-        )
-        .await?;
+        api.patch(&name, &PatchParams::apply("e2e").force(), &Patch::Apply(&d))
+            .await?;
     }
     wait_until(
         Duration::from_secs(180),
@@ -136,7 +131,9 @@ async fn deploy_replicated(
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .collect();
             Ok(live.len() == count * replicas as usize
-                && live.iter().all(|p| recorded_hash(p, policy) == Some(hash.to_owned())))
+                && live
+                    .iter()
+                    .all(|p| recorded_hash(p, policy) == Some(hash.to_owned())))
         },
     )
     .await
@@ -147,7 +144,11 @@ fn recorded_hash(p: &Pod, policy: &str) -> Option<String> {
     status.get(policy)?.get("hash")?.as_str().map(str::to_owned)
 }
 
-async fn hash_after(api: &Api<InjectionPolicy>, name: &str, before: Option<&str>) -> Result<String> {
+async fn hash_after(
+    api: &Api<InjectionPolicy>,
+    name: &str,
+    before: Option<&str>,
+) -> Result<String> {
     wait_until(Duration::from_secs(60), "a new template hash", || async {
         Ok(template_hash(api, name)
             .await?
@@ -177,7 +178,7 @@ async fn start(
     let v1 = hash_after(&policies, &name, None).await?;
     let ns = setup.app_namespace().await?;
     wait_injecting(&setup.client, &ns.name, &[("app", "probe")], SIDECAR).await?;
-    deploy_replicated(&setup.client, &ns, count, replicas, &setup.instance, &name, &v1).await?;
+    deploy_replicated(&ns, count, replicas, &setup.instance, &name, &v1).await?;
     Ok((setup, ns, name, v1))
 }
 
@@ -214,7 +215,10 @@ async fn a_native_sidecars_new_image_reaches_every_pod_in_place_and_no_applicati
     ensure!(done.done == 0, "no Deployment restarted: {done:?}");
     let after = seen(&ns).await?;
     ensure!(after.len() == 6, "6 pods after, got {after:?}");
-    let old_ids: Vec<&str> = before.values().map(|s| s.sidecar_image_id.as_str()).collect();
+    let old_ids: Vec<&str> = before
+        .values()
+        .map(|s| s.sidecar_image_id.as_str())
+        .collect();
     for (pod, b) in &before {
         let a = after
             .get(pod)
@@ -226,7 +230,11 @@ async fn a_native_sidecars_new_image_reaches_every_pod_in_place_and_no_applicati
             b.app_restarts,
             a.app_restarts
         );
-        ensure!(a.sidecar_image.ends_with(TESTAPP_V2), "pod {pod}: image {}", a.sidecar_image);
+        ensure!(
+            a.sidecar_image.ends_with(TESTAPP_V2),
+            "pod {pod}: image {}",
+            a.sidecar_image
+        );
         ensure!(
             !a.sidecar_image_id.is_empty() && !old_ids.contains(&a.sidecar_image_id.as_str()),
             "pod {pod}: the sidecar runs image ID {} (v1's: {old_ids:?})",
@@ -269,7 +277,10 @@ async fn an_env_change_restarts_under_auto_and_under_in_place_restarts_nothing_a
 
     // Auto: an env change cannot be made in place, so the Deployments restart.
     setup
-        .apply(&name, sidecar_policy(&setup.instance, TESTAPP, "v2", "10m", auto.clone()))
+        .apply(
+            &name,
+            sidecar_policy(&setup.instance, TESTAPP, "v2", "10m", auto.clone()),
+        )
         .await?;
     let v2 = hash_after(&policies, &name, Some(&v1)).await?;
     let done = wait_rollout(
@@ -290,13 +301,19 @@ async fn an_env_change_restarts_under_auto_and_under_in_place_restarts_nothing_a
         .iter()
         .filter(|d| restarted_for(d).is_some_and(|r| r.ends_with(&v2)))
         .count();
-    ensure!(restarted == 2, "both Deployments restarted under Auto, got {restarted}");
+    ensure!(
+        restarted == 2,
+        "both Deployments restarted under Auto, got {restarted}"
+    );
 
     // InPlace: the same kind of change restarts nothing and names the pods.
     let before = seen(&ns).await?;
     let in_place = json!({"maxConcurrent": 2, "timeout": "2m", "strategy": "InPlace"});
     setup
-        .apply(&name, sidecar_policy(&setup.instance, TESTAPP, "v3", "10m", in_place))
+        .apply(
+            &name,
+            sidecar_policy(&setup.instance, TESTAPP, "v3", "10m", in_place),
+        )
         .await?;
     let v3 = hash_after(&policies, &name, Some(&v2)).await?;
     let s = wait_rollout(
@@ -310,19 +327,25 @@ async fn an_env_change_restarts_under_auto_and_under_in_place_restarts_nothing_a
     .await?;
     ensure!(s.restarting == 0 && s.updating == 0, "{s:?}");
     ensure_rolled_out(&policies, &name, "False", "NeedsRestart").await?;
-    wait_until(Duration::from_secs(30), "a NeedsRestart Warning naming the pods", || async {
-        let notes = event_notes(&client, &name, "NeedsRestart").await?;
-        Ok(notes
-            .iter()
-            .any(|n| before.keys().all(|pod| n.contains(pod.as_str()))))
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "a NeedsRestart Warning naming the pods",
+        || async {
+            let notes = event_notes(&client, &name, "NeedsRestart").await?;
+            Ok(notes
+                .iter()
+                .any(|n| before.keys().all(|pod| n.contains(pod.as_str()))))
+        },
+    )
     .await?;
     // Two more planning periods: still nothing restarted.
     tokio::time::sleep(Duration::from_secs(12)).await;
     let after = seen(&ns).await?;
     ensure!(
         after.keys().eq(before.keys())
-            && after.iter().all(|(k, a)| before.get(k).is_some_and(|b| b.uid == a.uid)),
+            && after
+                .iter()
+                .all(|(k, a)| before.get(k).is_some_and(|b| b.uid == a.uid)),
         "under InPlace no pod is replaced: {before:?} -> {after:?}"
     );
     report(
@@ -347,7 +370,13 @@ async fn a_halted_in_place_stage_is_put_back_by_rollout_undo() -> Result<()> {
     setup
         .apply(
             &name,
-            sidecar_policy(&setup.instance, "splice-testapp:e2e-absent", "v1", "10m", rollout),
+            sidecar_policy(
+                &setup.instance,
+                "splice-testapp:e2e-absent",
+                "v1",
+                "10m",
+                rollout,
+            ),
         )
         .await?;
     let changed = Instant::now();
@@ -363,11 +392,18 @@ async fn a_halted_in_place_stage_is_put_back_by_rollout_undo() -> Result<()> {
     .await?;
     let took = changed.elapsed();
     let by = halted.halted_by.clone().unwrap_or_default();
-    ensure!(by.starts_with(&format!("Pod/{}/", ns.name)), "haltedBy {by:?}");
-    wait_until(Duration::from_secs(30), "a RolloutHalted Warning naming the pod and the container", || async {
-        let notes = event_notes(&client, &name, "RolloutHalted").await?;
-        Ok(notes.iter().any(|n| n.contains(&by) && n.contains(SIDECAR)))
-    })
+    ensure!(
+        by.starts_with(&format!("Pod/{}/", ns.name)),
+        "haltedBy {by:?}"
+    );
+    wait_until(
+        Duration::from_secs(30),
+        "a RolloutHalted Warning naming the pod and the container",
+        || async {
+            let notes = event_notes(&client, &name, "RolloutHalted").await?;
+            Ok(notes.iter().any(|n| n.contains(&by) && n.contains(SIDECAR)))
+        },
+    )
     .await?;
     let mid = seen(&ns).await?;
     let changed_pods: Vec<&String> = mid
@@ -375,7 +411,10 @@ async fn a_halted_in_place_stage_is_put_back_by_rollout_undo() -> Result<()> {
         .filter(|(_, s)| s.sidecar_image.ends_with("e2e-absent"))
         .map(|(k, _)| k)
         .collect();
-    ensure!(changed_pods.len() == 1, "budget 1: one pod changed, got {changed_pods:?}");
+    ensure!(
+        changed_pods.len() == 1,
+        "budget 1: one pod changed, got {changed_pods:?}"
+    );
 
     let out = tokio::process::Command::new(splice_bin()?)
         .args(["rollout", "undo", &name])
@@ -388,22 +427,26 @@ async fn a_halted_in_place_stage_is_put_back_by_rollout_undo() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(stdout.contains('1'), "undo says how many: {stdout}");
-    wait_until(Duration::from_secs(60), "the earlier image back and Ready", || async {
-        let now = seen(&ns).await?;
-        let pods = ns.api::<Pod>().list(&ListParams::default()).await?;
-        let ready = pods.items.iter().all(|p| {
-            p.status
-                .iter()
-                .flat_map(|s| s.init_container_statuses.iter().flatten())
-                .filter(|c| c.name == SIDECAR)
-                .all(|c| c.started == Some(true))
-        });
-        Ok(ready
-            && now.iter().all(|(k, s)| {
-                s.sidecar_image.ends_with(TESTAPP)
-                    && before.get(k).is_some_and(|b| b.uid == s.uid)
-            }))
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the earlier image back and Ready",
+        || async {
+            let now = seen(&ns).await?;
+            let pods = ns.api::<Pod>().list(&ListParams::default()).await?;
+            let ready = pods.items.iter().all(|p| {
+                p.status
+                    .iter()
+                    .flat_map(|s| s.init_container_statuses.iter().flatten())
+                    .filter(|c| c.name == SIDECAR)
+                    .all(|c| c.started == Some(true))
+            });
+            Ok(ready
+                && now.iter().all(|(k, s)| {
+                    s.sidecar_image.ends_with(TESTAPP)
+                        && before.get(k).is_some_and(|b| b.uid == s.uid)
+                }))
+        },
+    )
     .await?;
     report(format!(
         "REPORT rollout_in_place undo: halted {:.1}s after the change (timeout {timeout}s) on {by}; `rollout undo` put {} pod back on the earlier image, same UID: {}",
@@ -452,7 +495,9 @@ async fn a_sidecars_cpu_change_is_resized_in_place_or_falls_back_to_a_restart_an
         ensure!(!kept, "fell back to a restart, yet the pod was kept");
         "fell back to a restart of its Deployment"
     };
-    report(format!("REPORT rollout_in_place resize: the sidecar's CPU request 10m -> 20m was {how}"));
+    report(format!(
+        "REPORT rollout_in_place resize: the sidecar's CPU request 10m -> 20m was {how}"
+    ));
     drop(setup);
     Ok(())
 }
