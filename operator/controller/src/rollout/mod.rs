@@ -663,11 +663,14 @@ impl Loop {
                 Resized::Infeasible(why) => {
                     tracing::info!(pod = %key, reason = %why, "rollout: resize infeasible; the pod's workload restarts instead");
                     self.resizing.remove(&key);
+                    // Keyed by the version the pod still carries, so it is not sorted again
+                    // (its spec now holds the new resources, which would read as no change).
+                    let recorded = recorded_version(pod, name);
                     self.paths.insert(
                         key,
                         Sorted {
                             revision: c.revision.clone(),
-                            recorded: String::new(),
+                            recorded,
                             path: PodPath::Restart,
                             why: format!(
                                 "restart: the kubelet reports the resize Infeasible ({why})"
@@ -746,11 +749,7 @@ impl Loop {
                 }
             };
             if !change.path.in_place() {
-                let recorded = view::injected_versions(pod.metadata.annotations.as_ref())
-                    .into_iter()
-                    .find(|(p, _)| *p == plan.policy)
-                    .map(|(_, v)| v)
-                    .unwrap_or_default();
+                let recorded = recorded_version(&pod, &plan.policy);
                 self.paths
                     .insert(id.clone(), Sorted::of(&c.revision, &recorded, &change.path));
                 continue;
@@ -1003,6 +1002,15 @@ impl Loop {
         }
         true
     }
+}
+
+/// The version of `policy` the pod's record names (`view::version`), empty without one.
+fn recorded_version(pod: &Pod, policy: &str) -> String {
+    view::injected_versions(pod.metadata.annotations.as_ref())
+        .into_iter()
+        .find(|(p, _)| p == policy)
+        .map(|(_, v)| v)
+        .unwrap_or_default()
 }
 
 fn pod_ref(pod: &view::PodRecord) -> PodRef {

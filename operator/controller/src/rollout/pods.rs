@@ -193,14 +193,27 @@ pub fn resized(pod: &Pod) -> Resized {
         })
         .collect();
     for c in spec {
-        let Some(s) = statuses.iter().find(|s| s.name == c.name) else {
+        let Some(want) = c.resources.as_ref() else {
             continue;
         };
-        // Only containers that report what they were given can be compared.
-        if let (Some(want), Some(got)) = (c.resources.as_ref(), s.resources.as_ref())
-            && (want.requests != got.requests || want.limits != got.limits)
-        {
-            return Resized::Waiting(format!("container {} is not resized yet", c.name));
+        let got = statuses
+            .iter()
+            .find(|s| s.name == c.name)
+            .and_then(|s| s.resources.as_ref());
+        // Each CPU or memory the spec sets must be what the kubelet reports allocated.
+        let pairs = [
+            (
+                want.requests.as_ref(),
+                got.and_then(|g| g.requests.as_ref()),
+            ),
+            (want.limits.as_ref(), got.and_then(|g| g.limits.as_ref())),
+        ];
+        for (want, got) in pairs {
+            for (k, v) in want.into_iter().flatten() {
+                if (k == "cpu" || k == "memory") && got.and_then(|g| g.get(k)) != Some(v) {
+                    return Resized::Waiting(format!("container {} is not resized yet", c.name));
+                }
+            }
         }
     }
     let observed = pod.status.as_ref().and_then(|s| s.observed_generation);
