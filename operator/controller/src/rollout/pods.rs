@@ -222,3 +222,59 @@ pub fn resized(pod: &Pod) -> Resized {
     }
     Resized::Done
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "generation": 2},
+            "spec": {
+                "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                    "resources": {"requests": {"cpu": "20m"}}}],
+                "containers": [{"name": "app", "resources": {}}],
+            },
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_resize_is_done_once_the_kubelet_allocated_what_the_spec_sets() {
+        let allocated = |cpu: &str| {
+            json!({
+                "observedGeneration": 2,
+                "initContainerStatuses": [{"name": "proxy", "image": "", "imageID": "",
+                    "ready": true, "restartCount": 0, "resources": {"requests": {"cpu": cpu}}}],
+                "containerStatuses": [{"name": "app", "image": "", "imageID": "",
+                    "ready": true, "restartCount": 0}],
+            })
+        };
+        assert_eq!(resized(&pod(allocated("20m"))), Resized::Done);
+        assert!(
+            matches!(resized(&pod(allocated("10m"))), Resized::Waiting(w) if w.contains("proxy"))
+        );
+        let mut behind = allocated("20m");
+        behind["observedGeneration"] = 1.into();
+        assert!(matches!(resized(&pod(behind)), Resized::Waiting(_)));
+    }
+
+    #[test]
+    fn an_infeasible_resize_is_told_apart_from_a_pending_one() {
+        let condition = |reason: &str| {
+            json!({"conditions": [{"type": "PodResizePending", "status": "True",
+                "reason": reason, "message": "Node didn't have enough capacity"}]})
+        };
+        assert_eq!(
+            resized(&pod(condition("Infeasible"))),
+            Resized::Infeasible("Node didn't have enough capacity".into())
+        );
+        assert!(matches!(
+            resized(&pod(condition("Deferred"))),
+            Resized::Waiting(_)
+        ));
+    }
+}
