@@ -52,10 +52,12 @@ enum Action {
     /// Promote the open canary now, healthy or not: every other pod gets its revision and the
     /// rest of the cluster rolls to it (annotates the policy with splice.dev/rollout-promote).
     Promote { policy: String },
-    /// Undo a halted in-place stage: on every pod the halted revision updated in place (its
-    /// splice.dev/in-place marker), put back the images from before, which are the promoted
-    /// revision's, and the record from before, in place (no restart of the application). Only
-    /// while the rollout is Halted: otherwise the leader would update the pods again.
+    /// Put the pods a halted in-place stage updated back to the images before, in place.
+    ///
+    /// On every pod the halted revision updated in place (its splice.dev/in-place marker), puts
+    /// back the images from before, which are the promoted revision's, and the record from
+    /// before, in place: no application restarts. Only while the rollout is Halted: otherwise
+    /// the leader would update the pods again.
     Undo { policy: String },
 }
 
