@@ -63,7 +63,7 @@ enum Action {
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
     // Halted (status), or a pod not put back (undo): exit 1 after a normal run.
-    let mut halted = false;
+    let mut failed = false;
     let code = super::run_to_exit(async {
         let client = cluster.client().await?;
         let api: Api<InjectionPolicy> = Api::all(client.clone());
@@ -83,9 +83,9 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
                 }
                 if watch && !finished(&p) {
                     // Follows until complete, or halted with no resume pending.
-                    halted = follow(&api, &policy, line).await?;
+                    failed = follow(&api, &policy, line).await?;
                 } else {
-                    halted = phase(&p) == Some(RolloutPhase::Halted);
+                    failed = phase(&p) == Some(RolloutPhase::Halted);
                 }
             }
             Action::Halt { policy } => {
@@ -149,12 +149,12 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
                     }
                 }
                 println!("{}", undone.message(&policy, &revision));
-                halted = !undone.failed.is_empty();
+                failed = !undone.failed.is_empty();
             }
         }
         Ok(())
     });
-    if code == ExitCode::SUCCESS && halted {
+    if code == ExitCode::SUCCESS && failed {
         ExitCode::FAILURE
     } else {
         code
