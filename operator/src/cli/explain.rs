@@ -18,6 +18,10 @@ use splice_engine::{
     self, CompiledPolicy, Exclusions, ModeDecision, NamespaceContext, Provenance, ProvenanceEntry,
 };
 
+use k8s_openapi::api::core::v1::Pod;
+use splice_controller::rollout::{inplace, pods};
+use splice_crds::RolloutStrategy;
+
 use super::offline::{self, DEFAULT_SPLICE_NAMESPACE, InputError, NamespaceArgs};
 use splice_engine::entry::{Member, Plan};
 
@@ -295,6 +299,32 @@ pub(crate) struct PolicyReport {
     /// While the policy's canary is open: which revision pods like this one get.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revision: Option<RevisionReport>,
+    /// With `spec.rollout` and an outdated injection: the path the rollout takes this pod on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout_path: Option<PathReport>,
+    /// The in-place update the policy made on this pod (its `splice.dev/in-place` marker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<InPlaceReport>,
+}
+
+/// How an outdated pod reaches the new revision, as the engine sorts it
+/// (`splice_engine::change::sort`).
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PathReport {
+    /// `metadata`, `image`, `resize`, `restart`; `waits` outside an open canary; `unknown` when
+    /// the change cannot be sorted.
+    pub label: &'static str,
+    pub why: String,
+}
+
+/// An in-place update on the pod, from its marker, and where its proof stands.
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct InPlaceReport {
+    pub revision: String,
+    pub at: String,
+    pub proof: String,
 }
 
 /// The pure core shared by the online and offline paths. Fails only when the pod's
@@ -342,6 +372,8 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 ready: p.ready.clone(),
                 webhook_entry,
                 revision: None,
+                rollout_path: None,
+                in_place: None,
             },
             Ok(compiled) => {
                 let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
@@ -394,6 +426,8 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                             },
                         }
                     }),
+                    rollout_path: None,
+                    in_place: None,
                 }
             }
         };
@@ -411,6 +445,22 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
     let outdated = policies
         .iter()
         .any(|p| matches!(p.injection, InjectionState::Outdated { .. }) && !pinned(p));
+    let pod: Option<Pod> = serde_json::from_value(inputs.pod.clone()).ok();
+    for (report, input) in policies.iter_mut().zip(&inputs.policies) {
+        let (Some(pod), Ok(compiled)) = (&pod, &input.compiled) else {
+            continue;
+        };
+        if let Some(m) = inplace::markers(pod.metadata.annotations.as_ref()).get(&input.name) {
+            report.in_place = Some(InPlaceReport {
+                revision: m.revision.clone(),
+                at: m.at.clone(),
+                proof: inplace::proof(pod, m).to_string(),
+            });
+        }
+        if matches!(report.injection, InjectionState::Outdated { .. }) && !pinned(report) {
+            report.rollout_path = rollout_path(compiled, report, pod, inputs);
+        }
+    }
     Ok(Report {
         pod: inputs.title.clone(),
         namespace: inputs.namespace.name.clone(),
@@ -418,6 +468,64 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
         policies,
         unknown_policies: provenance,
     })
+}
+
+/// The path `policy`'s rollout takes the outdated `pod` on, or `None` without `spec.rollout`.
+fn rollout_path(
+    policy: &CompiledPolicy,
+    report: &PolicyReport,
+    pod: &Pod,
+    inputs: &Inputs,
+) -> Option<PathReport> {
+    let strategy = policy.spec().rollout.as_ref()?.strategy;
+    let in_canary = report.revision.as_ref().is_none_or(|r| r.in_canary);
+    Some(sorted_path(
+        policy,
+        strategy,
+        pod,
+        (&inputs.namespace, &inputs.exclusions),
+        in_canary,
+    ))
+}
+
+/// The path an outdated `pod` takes to `policy` under `strategy`, as the engine sorts it (the
+/// leader's one rule): shared by `splice explain` and `kubectl splice rollout status`.
+/// `in_canary`: the pod gets the revision in force (true when no canary is open).
+pub(crate) fn sorted_path(
+    policy: &CompiledPolicy,
+    strategy: RolloutStrategy,
+    pod: &Pod,
+    (namespace, exclusions): (&NamespaceContext, &Exclusions),
+    in_canary: bool,
+) -> PathReport {
+    if strategy == RolloutStrategy::Restart {
+        return PathReport {
+            label: "restart",
+            why: "restart: spec.rollout.strategy is Restart".into(),
+        };
+    }
+    // Outside an open canary the pod gets the promoted revision until the promotion.
+    if !in_canary {
+        return PathReport {
+            label: "waits",
+            why: "waits: outside the open canary, it moves once the canary is promoted".into(),
+        };
+    }
+    match pods::sort(policy, pod, namespace, exclusions) {
+        Ok(change) => PathReport {
+            label: change.path.label(),
+            why: match (&change.path, strategy) {
+                (p, RolloutStrategy::InPlace) if !p.in_place() => {
+                    format!("{p} (strategy InPlace restarts nothing: counted in notInPlace)")
+                }
+                (p, _) => p.to_string(),
+            },
+        },
+        Err(e) => PathReport {
+            label: "unknown",
+            why: format!("cannot sort the change: {e}"),
+        },
+    }
 }
 
 /// Each served policy's webhook entry: as the statuses name them when they do (online), else as
@@ -576,6 +684,18 @@ fn render_table(report: &Report) -> String {
                     Some(_) => "; it carries another",
                     None => "",
                 }
+            );
+        }
+    }
+    for p in &report.policies {
+        if let Some(path) = &p.rollout_path {
+            let _ = writeln!(out, "{}: rollout path: {}", p.name, path.why);
+        }
+        if let Some(m) = &p.in_place {
+            let _ = writeln!(
+                out,
+                "{}: updated in place to revision {} at {}: {}",
+                p.name, m.revision, m.at, m.proof
             );
         }
     }
@@ -793,7 +913,7 @@ fn pod_name(arg: &str) -> Result<&str, String> {
 }
 
 async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<Inputs, String> {
-    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use k8s_openapi::api::core::v1::Namespace;
     use kube::ResourceExt;
     use kube::api::{Api, ListParams};
     use splice_controller::policy::in_force;
@@ -829,24 +949,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
         .iter()
         .map(|p| {
             let name = p.name_any();
-            let generation = p.metadata.generation.unwrap_or_default();
-            // With the data it reads now, so explain can name the source a pod's data trails.
-            let resolved = (!p.spec.values_from.is_empty())
-                .then(|| {
-                    splice_engine::values_from::resolve(
-                        &p.spec,
-                        &args.namespace.splice_namespace,
-                        None,
-                        &data,
-                    )
-                    .ok()
-                })
-                .flatten();
-            let compiled = match &resolved {
-                Some(r) => CompiledPolicy::compile_with(&name, generation, &p.spec, r),
-                None => CompiledPolicy::compile(&name, generation, &p.spec),
-            }
-            .map_err(|e| e.to_string());
+            let compiled = compile_online(p, &args.namespace.splice_namespace, &data);
             let open = compiled
                 .as_ref()
                 .ok()
@@ -884,9 +987,30 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
     })
 }
 
+/// A policy read from the cluster, compiled with the `valuesFrom` data read now (`data`), so
+/// explain can name the source a pod's data trails and `rollout status` sorts pods against what
+/// the webhook renders.
+pub(crate) fn compile_online(
+    p: &splice_crds::InjectionPolicy,
+    splice_namespace: &str,
+    data: &splice_engine::DataSources,
+) -> Result<CompiledPolicy, String> {
+    use kube::ResourceExt;
+    let name = p.name_any();
+    let generation = p.metadata.generation.unwrap_or_default();
+    let resolved = (!p.spec.values_from.is_empty())
+        .then(|| splice_engine::values_from::resolve(&p.spec, splice_namespace, None, data).ok())
+        .flatten();
+    match &resolved {
+        Some(r) => CompiledPolicy::compile_with(&name, generation, &p.spec, r),
+        None => CompiledPolicy::compile(&name, generation, &p.spec),
+    }
+    .map_err(|e| e.to_string())
+}
+
 /// The ConfigMaps and Secrets the policies' `valuesFrom` read, as far as this user may read
 /// them (one that cannot be read leaves that policy compared by template hash alone).
-async fn values_data(
+pub(crate) async fn values_data(
     client: &kube::Client,
     policies: &[splice_crds::InjectionPolicy],
     splice_namespace: &str,
@@ -1103,6 +1227,60 @@ mod tests {
         assert_eq!(
             inside.policies[0].revision.as_ref().unwrap().new_pods_get,
             "new"
+        );
+    }
+
+    #[test]
+    fn an_outdated_pod_under_a_rollout_is_told_its_path_and_its_in_place_proof() {
+        let spec = |strategy: &str, image: &str| {
+            format!(
+                "rollout: {{strategy: {strategy}}}\ntemplate:\n  containers: [{{name: proxy, image: \"{image}\"}}]\n"
+            )
+        };
+        let old = input("mesh", &spec("Auto", "proxy:1"), false);
+        let old_hash = old.compiled.as_ref().unwrap().template_hash().to_owned();
+        let status = serde_json::json!({"mesh": {"hash": old_hash, "containers": ["proxy"]}});
+        let marker = serde_json::json!({"mesh": {"revision": "r0", "at": "2026-01-01T00:00:00Z",
+            "uid": "u1", "generation": 1}});
+        let pod = serde_json::json!({
+            "metadata": {"name": "web-1", "uid": "u1", "annotations": {
+                "splice.dev/status": status.to_string(),
+                "splice.dev/in-place": marker.to_string(),
+            }},
+            "spec": {"containers": [
+                {"name": "app", "image": "web:1"},
+                {"name": "proxy", "image": "proxy:1"},
+            ]}
+        });
+        let r = explain(&inputs(
+            "shop",
+            pod.clone(),
+            vec![input("mesh", &spec("Auto", "proxy:2"), false)],
+        ))
+        .unwrap();
+        let path = r.policies[0].rollout_path.as_ref().unwrap();
+        assert_eq!(path.label, "image");
+        let table = render_table(&r);
+        assert!(
+            table.contains("mesh: rollout path: in place: image of proxy proxy:1 -> proxy:2"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "mesh: updated in place to revision r0 at 2026-01-01T00:00:00Z: proven (same UID"
+            ),
+            "{table}"
+        );
+
+        let r = explain(&inputs(
+            "shop",
+            pod,
+            vec![input("mesh", &spec("Restart", "proxy:2"), false)],
+        ))
+        .unwrap();
+        assert_eq!(
+            r.policies[0].rollout_path.as_ref().unwrap().why,
+            "restart: spec.rollout.strategy is Restart"
         );
     }
 

@@ -129,7 +129,7 @@ enum Command {
     Crd,
     /// Ask the running leader to rotate the webhook CA now.
     Rotate(rotate::Args),
-    /// Show and steer a policy's rollout (spec.rollout): status [-w], halt, resume, promote.
+    /// Show and steer a policy's rollout (spec.rollout): status [-w], halt, resume, promote, undo.
     Rollout(rollout::Args),
     /// Stop Splice and delete the admission configuration it wrote (policies stay).
     Uninstall(uninstall::Args),

@@ -1,20 +1,33 @@
-//! `splice rollout status|halt|resume|promote POLICY`: shows and steers a policy's rollout
+//! `splice rollout status|halt|resume|promote|undo POLICY`: shows and steers a policy's rollout
 //! (`spec.rollout`). `halt`, `resume` and `promote` only annotate the policy; the leader reads the
 //! annotations at its next pass, so a request made while no replica leads is kept until one does.
+//! `status` also lists each outdated pod's path as the engine sorts it
+//! (`splice_engine::change::sort`, the leader's one rule); `undo` writes the pods itself.
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
+use splice_controller::policy::in_force;
+use splice_controller::rollout::ROLLOUT_MANAGER;
+use splice_controller::rollout::inplace::{self, Proof};
 use splice_controller::rollout::plan::HALT_REQUESTED;
 use splice_crds::{
     InjectionPolicy, ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION,
-    ROLLOUT_RESUME_ANNOTATION, RolloutPhase, condition,
+    ROLLOUT_RESUME_ANNOTATION, RolloutPhase, RolloutStrategy, STATUS_ANNOTATION, condition,
 };
+use splice_engine::entry::CanaryScope;
+use splice_engine::{Exclusions, NamespaceContext, Provenance};
+
+use super::explain::{compile_online, sorted_path, values_data};
+use super::offline::DEFAULT_SPLICE_NAMESPACE;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -39,13 +52,21 @@ enum Action {
     /// Promote the open canary now, healthy or not: every other pod gets its revision and the
     /// rest of the cluster rolls to it (annotates the policy with splice.dev/rollout-promote).
     Promote { policy: String },
+    /// Put the pods a halted in-place stage updated back to the images before, in place.
+    ///
+    /// On every pod the halted revision updated in place (its splice.dev/in-place marker), puts
+    /// back the images from before, which are the promoted revision's, and the record from
+    /// before, in place: no application restarts. Only while the rollout is Halted: otherwise
+    /// the leader would update the pods again.
+    Undo { policy: String },
 }
 
 pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
-    let mut halted = false;
+    // Halted (status), or a pod not put back (undo): exit 1 after a normal run.
+    let mut failed = false;
     let code = super::run_to_exit(async {
         let client = cluster.client().await?;
-        let api: Api<InjectionPolicy> = Api::all(client);
+        let api: Api<InjectionPolicy> = Api::all(client.clone());
         match args.action {
             Action::Status { policy, watch } => {
                 let p = api
@@ -54,11 +75,17 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
                     .with_context(|| format!("reading policy {policy}"))?;
                 let line = describe(&p);
                 println!("{line}");
+                // The per-pod listing needs more than the policy (pods, namespaces): without
+                // it the status line still stands.
+                match pod_paths(&client, &p).await {
+                    Ok(lines) => print!("{lines}"),
+                    Err(e) => eprintln!("note: no per-pod paths: {e:#}"),
+                }
                 if watch && !finished(&p) {
                     // Follows until complete, or halted with no resume pending.
-                    halted = follow(&api, &policy, line).await?;
+                    failed = follow(&api, &policy, line).await?;
                 } else {
-                    halted = phase(&p) == Some(RolloutPhase::Halted);
+                    failed = phase(&p) == Some(RolloutPhase::Halted);
                 }
             }
             Action::Halt { policy } => {
@@ -102,10 +129,32 @@ pub fn main(args: Args, cluster: &super::ClusterArgs) -> ExitCode {
                     "policy {policy}: promotion of canary revision {canary} requested; the leader promotes it at its next pass"
                 );
             }
+            Action::Undo { policy } => {
+                let p = api
+                    .get(&policy)
+                    .await
+                    .with_context(|| format!("reading policy {policy}"))?;
+                let revision = halted_stage(&p).map_err(|e| anyhow!(e))?;
+                let all = Api::<Pod>::all(client.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .context("listing pods")?;
+                let mut undone = Undone::default();
+                for pod in all.items.iter().filter(|p| undoes(p, &policy, &revision)) {
+                    let id = pod_id(pod);
+                    match undo(&client, pod, &policy, &revision).await {
+                        Ok(true) => undone.put_back.push(id),
+                        Ok(false) => undone.skipped.push(id),
+                        Err(e) => undone.failed.push((id, format!("{e:#}"))),
+                    }
+                }
+                println!("{}", undone.message(&policy, &revision));
+                failed = !undone.failed.is_empty();
+            }
         }
         Ok(())
     });
-    if code == ExitCode::SUCCESS && halted {
+    if code == ExitCode::SUCCESS && failed {
         ExitCode::FAILURE
     } else {
         code
@@ -162,6 +211,238 @@ fn resume_pending(p: &InjectionPolicy, r: &splice_crds::RolloutStatus) -> bool {
     }
 }
 
+/// The revision of the halted stage `undo` acts on; refused unless the rollout is Halted.
+fn halted_stage(p: &InjectionPolicy) -> Result<String, String> {
+    let name = p.name_any();
+    let Some(r) = p.status.as_ref().and_then(|s| s.rollout.as_ref()) else {
+        return Err(format!(
+            "policy {name} reports no rollout; undo acts only on a halted in-place stage"
+        ));
+    };
+    if r.phase != RolloutPhase::Halted {
+        return Err(format!(
+            "policy {name}: the rollout is {}, not Halted; undo acts only on a halted stage, \
+             else the leader would update the pods again (halt it first: `rollout halt {name}`)",
+            r.phase.as_str()
+        ));
+    }
+    Ok(r.revision.clone())
+}
+
+/// Whether `pod` carries `policy`'s in-place marker for `revision`: a pod the stage changed.
+fn undoes(pod: &Pod, policy: &str, revision: &str) -> bool {
+    inplace::markers(pod.metadata.annotations.as_ref())
+        .get(policy)
+        .is_some_and(|m| m.revision == revision)
+}
+
+fn pod_id(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// Puts `pod` back; false when it went, or no longer carries the stage's marker. The patch's
+/// `resourceVersion` refuses a pod changed since it was read: read it again once and retry.
+async fn undo(
+    client: &kube::Client,
+    pod: &Pod,
+    policy: &str,
+    revision: &str,
+) -> anyhow::Result<bool> {
+    let api = Api::<Pod>::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let name = pod.name_any();
+    let params = PatchParams {
+        field_manager: Some(ROLLOUT_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    let mut current = pod.clone();
+    for retry in [true, false] {
+        let Some(patch) = inplace::undo_patch(&current, policy) else {
+            return Ok(false);
+        };
+        match api.patch(&name, &params, &Patch::Strategic(&patch)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+            Err(kube::Error::Api(s)) if s.code == 409 && retry => {
+                match api.get_opt(&name).await.context("reading it again")? {
+                    Some(p) if undoes(&p, policy, revision) => current = p,
+                    _ => return Ok(false),
+                }
+            }
+            Err(e) => return Err(e).context("patching it"),
+        }
+    }
+    bail!("it changed again while being put back")
+}
+
+/// What `undo` did, pod by pod (`namespace/name`).
+#[derive(Debug, Default)]
+struct Undone {
+    put_back: Vec<String>,
+    /// Gone, or no longer carrying the stage's marker, when written.
+    skipped: Vec<String>,
+    failed: Vec<(String, String)>,
+}
+
+/// At most this many pods are named in a line.
+const NAMED: usize = 10;
+
+fn named(pods: &[String]) -> String {
+    let mut text = pods
+        .iter()
+        .take(NAMED)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if pods.len() > NAMED {
+        text.push_str(&format!(" and {} more", pods.len() - NAMED));
+    }
+    text
+}
+
+impl Undone {
+    fn message(&self, policy: &str, revision: &str) -> String {
+        if self.put_back.is_empty() && self.skipped.is_empty() && self.failed.is_empty() {
+            return format!(
+                "policy {policy}: no pod carries an in-place update of revision {revision}; \
+                 nothing to undo"
+            );
+        }
+        let mut text = format!(
+            "policy {policy}: put {} pod(s) back in place to the images before revision {revision}",
+            self.put_back.len()
+        );
+        if !self.put_back.is_empty() {
+            text.push_str(&format!(": {}", named(&self.put_back)));
+        }
+        if !self.skipped.is_empty() {
+            text.push_str(&format!(
+                "\n  skipped {} pod(s), gone or changed since: {}",
+                self.skipped.len(),
+                named(&self.skipped)
+            ));
+        }
+        for (pod, why) in &self.failed {
+            text.push_str(&format!("\n  could not put back {pod}: {why}"));
+        }
+        text
+    }
+}
+
+/// Under `strategy: Auto` or `InPlace`, each outdated pod's path and each pod updating in place,
+/// as lines; empty under `Restart` or without `spec.rollout`.
+async fn pod_paths(client: &kube::Client, p: &InjectionPolicy) -> anyhow::Result<String> {
+    let name = p.name_any();
+    let Some(rollout) = &p.spec.rollout else {
+        return Ok(String::new());
+    };
+    if rollout.strategy == RolloutStrategy::Restart {
+        return Ok(String::new());
+    }
+    let data = values_data(client, std::slice::from_ref(p), DEFAULT_SPLICE_NAMESPACE).await;
+    let compiled = compile_online(p, DEFAULT_SPLICE_NAMESPACE, &data)
+        .map_err(|e| anyhow!("policy {name} does not compile: {e}"))?;
+    // The leader's revision (what records and markers name: the template hash and, with
+    // `valuesFrom`, the data digests), else the one this compile gives.
+    let current = p
+        .status
+        .as_ref()
+        .and_then(|s| s.rollout.as_ref())
+        .map(|r| r.revision.clone())
+        .unwrap_or_else(|| splice_controller::view::revision(&compiled));
+    let all = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing pods")?;
+    let namespaces: BTreeMap<String, NamespaceContext> = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("listing namespaces")?
+        .items
+        .into_iter()
+        .map(|n| {
+            let context = NamespaceContext {
+                name: n.name_any(),
+                labels: n.metadata.labels.unwrap_or_default(),
+                annotations: n.metadata.annotations.unwrap_or_default(),
+            };
+            (context.name.clone(), context)
+        })
+        .collect();
+    let canary =
+        in_force::open_canary(p, compiled.template_hash()).map(|(c, _)| CanaryScope::of(c));
+    let exclusions = Exclusions::default_for(DEFAULT_SPLICE_NAMESPACE);
+    let mut outdated = Vec::new();
+    let mut updating = Vec::new();
+    for pod in &all.items {
+        if let Some(m) = inplace::markers(pod.metadata.annotations.as_ref())
+            .get(&name)
+            .filter(|m| m.revision == current)
+        {
+            updating.push((pod_id(pod), inplace::proof(pod, m)));
+        }
+        if !outdated_for(pod, &name, &current) {
+            continue;
+        }
+        let ns = pod.namespace().unwrap_or_default();
+        let ns = namespaces.get(&ns).cloned().unwrap_or(NamespaceContext {
+            name: ns,
+            ..NamespaceContext::default()
+        });
+        let outside = canary.as_ref().is_some_and(|c| {
+            !c.holds(
+                Some(&ns.labels),
+                pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+            )
+        });
+        let path = sorted_path(
+            &compiled,
+            rollout.strategy,
+            pod,
+            (&ns, &exclusions),
+            !outside,
+        );
+        outdated.push((pod_id(pod), path.why));
+    }
+    Ok(render_pods(&outdated, &updating))
+}
+
+/// Whether `pod`'s record names `policy` with a revision other than `current`.
+fn outdated_for(pod: &Pod, policy: &str, current: &str) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATUS_ANNOTATION))
+        .and_then(|s| serde_json::from_str::<Provenance>(s).ok())
+        .and_then(|mut all| all.remove(policy))
+        .is_some_and(|e| e.hash != current)
+}
+
+/// The per-pod lines of `rollout status`: outdated pods with their path, then pods updating in
+/// place with their proof, pod names aligned.
+fn render_pods(outdated: &[(String, String)], updating: &[(String, Proof)]) -> String {
+    let width = outdated
+        .iter()
+        .map(|(p, _)| p)
+        .chain(updating.iter().map(|(p, _)| p))
+        .map(|p| p.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    if !outdated.is_empty() {
+        out.push_str(&format!("  outdated pods ({}), by path:\n", outdated.len()));
+    }
+    for (pod, path) in outdated {
+        out.push_str(&format!("    {pod:<width$}  {path}\n"));
+    }
+    if !updating.is_empty() {
+        out.push_str(&format!("  updated in place ({}):\n", updating.len()));
+    }
+    for (pod, proof) in updating {
+        out.push_str(&format!("    {pod:<width$}  {proof}\n"));
+    }
+    out
+}
+
 async fn annotate(
     api: &Api<InjectionPolicy>,
     policy: &str,
@@ -214,6 +495,18 @@ fn describe(p: &InjectionPolicy) -> String {
     );
     if s.manual > 0 {
         line.push_str(&format!(", {} pod(s) to recreate by hand", s.manual));
+    }
+    for (n, what) in [
+        (s.updating, "updating in place"),
+        (s.updated_in_place, "updated in place"),
+        (
+            s.not_in_place,
+            "not in place (strategy InPlace restarts nothing)",
+        ),
+    ] {
+        if n > 0 {
+            line.push_str(&format!(", {n} {what}"));
+        }
     }
     if let Some(by) = &s.halted_by {
         line.push_str(&format!("; halted by {by}"));
@@ -335,6 +628,143 @@ mod tests {
             s.template_hash = None;
         }
         assert_eq!(revision(&p).as_deref(), Some("h1"));
+    }
+
+    #[test]
+    fn status_adds_the_in_place_counts_when_there_are_any() {
+        let p = policy(Some(RolloutStatus {
+            revision: "h2".into(),
+            phase: RolloutPhase::Rolling,
+            updating: 2,
+            updated_in_place: 5,
+            not_in_place: 1,
+            ..Default::default()
+        }));
+        assert!(
+            describe(&p).ends_with(
+                ", 2 updating in place, 5 updated in place, 1 not in place (strategy InPlace \
+                 restarts nothing)"
+            ),
+            "{}",
+            describe(&p)
+        );
+        let quiet = policy(Some(RolloutStatus::default()));
+        assert!(!describe(&quiet).contains("in place"));
+    }
+
+    /// A pod in `shop` whose record names `mesh` at `hash` and whose marker names `marked`.
+    fn pod(name: &str, hash: &str, marked: Option<(&str, &str)>) -> Pod {
+        let mut annotations = BTreeMap::from([(
+            STATUS_ANNOTATION.to_owned(),
+            json!({"mesh": {"hash": hash}, "logs": {"hash": "l1"}}).to_string(),
+        )]);
+        if let Some((policy, revision)) = marked {
+            annotations.insert(
+                splice_crds::IN_PLACE_ANNOTATION.to_owned(),
+                json!({policy: {"revision": revision, "at": "2026-01-01T00:00:00Z", "uid": "u",
+                    "generation": 1, "changed": {"proxy": {"image": "proxy:1", "sidecar": true}}}})
+                .to_string(),
+            );
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn undo_is_refused_unless_the_rollout_is_halted_saying_why() {
+        let rolling = policy(Some(RolloutStatus {
+            revision: "h2".into(),
+            phase: RolloutPhase::Rolling,
+            ..Default::default()
+        }));
+        let e = halted_stage(&rolling).unwrap_err();
+        assert!(e.contains("is Rolling, not Halted"), "{e}");
+        assert!(e.contains("the leader would update the pods again"), "{e}");
+        assert!(halted_stage(&policy(None)).is_err());
+        let halted = policy(Some(RolloutStatus {
+            revision: "h2".into(),
+            phase: RolloutPhase::Halted,
+            ..Default::default()
+        }));
+        assert_eq!(halted_stage(&halted).as_deref(), Ok("h2"));
+    }
+
+    #[test]
+    fn undo_takes_only_the_pods_the_halted_revision_updated_in_place_for_the_policy() {
+        assert!(undoes(&pod("a", "h2", Some(("mesh", "h2"))), "mesh", "h2"));
+        assert!(
+            !undoes(&pod("b", "h1", Some(("mesh", "h1"))), "mesh", "h2"),
+            "an earlier stage's update is not this stage's"
+        );
+        assert!(!undoes(&pod("c", "h2", Some(("logs", "h2"))), "mesh", "h2"));
+        assert!(!undoes(&pod("d", "h2", None), "mesh", "h2"));
+    }
+
+    #[test]
+    fn undo_counts_the_pods_put_back_names_ten_then_says_how_many_more_and_names_failures() {
+        let undone = Undone {
+            put_back: (1..=12).map(|i| format!("shop/web-{i}")).collect(),
+            skipped: vec!["shop/gone".into()],
+            failed: vec![("shop/web-13".into(), "patching it: forbidden".into())],
+        };
+        let text = undone.message("mesh", "h2");
+        assert_eq!(
+            text,
+            "policy mesh: put 12 pod(s) back in place to the images before revision h2: \
+             shop/web-1, shop/web-2, shop/web-3, shop/web-4, shop/web-5, shop/web-6, shop/web-7, \
+             shop/web-8, shop/web-9, shop/web-10 and 2 more\n  \
+             skipped 1 pod(s), gone or changed since: shop/gone\n  \
+             could not put back shop/web-13: patching it: forbidden"
+        );
+        assert!(
+            Undone::default()
+                .message("mesh", "h2")
+                .contains("nothing to undo")
+        );
+    }
+
+    #[test]
+    fn a_pod_is_outdated_when_its_record_names_the_policy_with_another_revision() {
+        assert!(outdated_for(&pod("a", "h1", None), "mesh", "h2"));
+        assert!(!outdated_for(&pod("a", "h2", None), "mesh", "h2"));
+        assert!(
+            !outdated_for(&pod("a", "h1", None), "other", "h2"),
+            "no record of the policy"
+        );
+    }
+
+    #[test]
+    fn status_lists_each_outdated_pods_path_and_each_in_place_proof_aligned() {
+        use splice_engine::change::{ImageChange, Path, Place, Restart};
+        let image = Path::Images(vec![ImageChange {
+            container: "proxy".into(),
+            place: Place::Sidecar,
+            from: "proxy:1".into(),
+            to: "proxy:2".into(),
+        }]);
+        let env = Path::Restart(Restart::Field("spec.containers[app].env[0].value".into()));
+        let text = render_pods(
+            &[
+                ("shop/web-1".into(), image.to_string()),
+                ("shop/web-22".into(), env.to_string()),
+            ],
+            &[(
+                "shop/api-1".into(),
+                Proof::Waiting("container proxy does not run the new image yet".into()),
+            )],
+        );
+        assert_eq!(
+            text,
+            "  outdated pods (2), by path:\n\
+             \x20   shop/web-1   in place: image of proxy proxy:1 -> proxy:2\n\
+             \x20   shop/web-22  restart: spec.containers[app].env[0].value changes, which a \
+             running pod cannot\n\
+             \x20 updated in place (1):\n\
+             \x20   shop/api-1   waiting: container proxy does not run the new image yet\n"
+        );
+        assert_eq!(render_pods(&[], &[]), "");
     }
 
     #[test]

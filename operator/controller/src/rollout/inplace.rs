@@ -193,6 +193,20 @@ pub enum Proof {
     Broken(String),
 }
 
+/// What `splice explain` and `kubectl splice rollout status` print for a proof.
+impl std::fmt::Display for Proof {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Proof::Done => write!(
+                f,
+                "proven (same UID, new image Ready, no other container restarted)"
+            ),
+            Proof::Waiting(why) => write!(f, "waiting: {why}"),
+            Proof::Broken(why) => write!(f, "broken: {why}"),
+        }
+    }
+}
+
 /// The proof of `marker` on `pod`: see [`Proof`].
 pub fn proof(pod: &Pod, marker: &Marker) -> Proof {
     if pod.metadata.uid.as_deref() != Some(marker.uid.as_str()) {

@@ -10,7 +10,7 @@
 
 pub mod inplace;
 pub mod plan;
-mod pods;
+pub mod pods;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
