@@ -7,6 +7,9 @@
 //! Crash-resumable by construction: the restart annotation names `<policy>@<revision>`, so a new
 //! leader sees what the last one restarted (and when, for the timeout) and never restarts a
 //! workload twice for one revision; a halted rollout is kept in `status.rollout`.
+//!
+//! Its loop is [`Rollout`] under [`crate::driver`]: [`decide`] decides (pure), [`io`] takes the
+//! writes and reads it decided; this module keeps the workload reflectors and their writes.
 
 mod decide;
 pub mod inplace;
