@@ -254,6 +254,15 @@ fn halted_note(workload: &WorkloadRef, revision: &str, timeout: Duration, detail
     )
 }
 
+/// The version of `policy` the pod's record names (`view::version`), empty without one.
+pub fn recorded_version(pod: &Pod, policy: &str) -> String {
+    view::injected_versions(pod.metadata.annotations.as_ref())
+        .into_iter()
+        .find(|(p, _)| p == policy)
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+}
+
 pub fn pod_ref(pod: &PodRecord) -> PodRef {
     PodRef {
         namespace: pod.namespace.to_string(),
@@ -717,9 +726,11 @@ impl Rollout {
                     tracing::info!(pod = %key, reason = %why, "rollout: resize infeasible; the pod's workload restarts instead");
                     self.resizing.remove(&key);
                     let why = format!("restart: the kubelet reports the resize Infeasible ({why})");
+                    // Keyed by the version the pod still carries, so it is not sorted again
+                    // (its spec now holds the new resources, which would read as no change).
                     let sorted = Sorted {
                         revision: p.revision.clone(),
-                        recorded: String::new(),
+                        recorded: recorded_version(pod, &p.name),
                         path: PodPath::Restart,
                         why,
                     };
@@ -1181,5 +1192,30 @@ mod tests {
         r.report(&plan, &c, &v, Now::current(), &mut pass);
         let reasons: Vec<_> = r.take_events().into_iter().map(|(_, e)| e.reason).collect();
         assert_eq!(reasons, ["NeedsRestart", "Promoted"]);
+    }
+
+    #[test]
+    fn an_infeasible_resize_sends_the_pod_to_a_restart_keyed_by_the_version_it_carries() {
+        let mut r = rollout();
+        let v = view("Auto", None);
+        let c = candidates(&v).remove(0);
+        let at = Timestamp::now();
+        r.resizing
+            .insert(pod_key(), ("mesh".into(), c.revision.clone(), at));
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"annotations": {
+                splice_crds::STATUS_ANNOTATION: r#"{"mesh":{"hash":"old"}}"#,
+            }},
+            "status": {"conditions": [{
+                "type": "PodResizePending", "status": "True", "reason": "Infeasible",
+                "message": "no room",
+            }]},
+        }))
+        .unwrap();
+        pod.metadata.uid = Some("p1".into());
+        let p = in_place(&c, pod_key(), NamespaceContext::default());
+        r.judged(vec![Seen::Proved(p, Box::new(pod))]);
+        assert!(r.resizing.is_empty());
+        assert_eq!(r.path_of(&c, &outdated_pod()), PodPath::Restart);
     }
 }

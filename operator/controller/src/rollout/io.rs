@@ -13,12 +13,11 @@ use splice_crds::InjectionPolicy;
 use splice_engine::change::Path;
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
-use super::decide::InPlace;
+use super::decide::{InPlace, recorded_version};
 use super::plan::{self, PodRef, WorkloadRef};
 use super::pods::{self, Sorted};
 use super::{Caches, dry_run, restart, template_of, what_failed};
 use crate::leader::Leadership;
-use crate::view;
 
 /// Pods read at once.
 const READS_IN_FLIGHT: usize = 16;
@@ -195,11 +194,7 @@ async fn update_planned(
             }
         };
         if !change.path.in_place() {
-            let recorded = view::injected_versions(pod.metadata.annotations.as_ref())
-                .into_iter()
-                .find(|(p, _)| *p == of.name)
-                .map(|(_, v)| v)
-                .unwrap_or_default();
+            let recorded = recorded_version(&pod, &of.name);
             let sorted = Sorted::of(&of.revision, &recorded, &change.path);
             out.push((id, Updated::NotInPlace(sorted)));
             continue;

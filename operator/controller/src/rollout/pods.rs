@@ -193,14 +193,27 @@ pub fn resized(pod: &Pod) -> Resized {
         })
         .collect();
     for c in spec {
-        let Some(s) = statuses.iter().find(|s| s.name == c.name) else {
+        let Some(want) = c.resources.as_ref() else {
             continue;
         };
-        // Only containers that report what they were given can be compared.
-        if let (Some(want), Some(got)) = (c.resources.as_ref(), s.resources.as_ref())
-            && (want.requests != got.requests || want.limits != got.limits)
-        {
-            return Resized::Waiting(format!("container {} is not resized yet", c.name));
+        let got = statuses
+            .iter()
+            .find(|s| s.name == c.name)
+            .and_then(|s| s.resources.as_ref());
+        // Each CPU or memory the spec sets must be what the kubelet reports allocated.
+        let pairs = [
+            (
+                want.requests.as_ref(),
+                got.and_then(|g| g.requests.as_ref()),
+            ),
+            (want.limits.as_ref(), got.and_then(|g| g.limits.as_ref())),
+        ];
+        for (want, got) in pairs {
+            for (k, v) in want.into_iter().flatten() {
+                if (k == "cpu" || k == "memory") && got.and_then(|g| g.get(k)) != Some(v) {
+                    return Resized::Waiting(format!("container {} is not resized yet", c.name));
+                }
+            }
         }
     }
     let observed = pod.status.as_ref().and_then(|s| s.observed_generation);
@@ -208,4 +221,60 @@ pub fn resized(pod: &Pod) -> Resized {
         return Resized::Waiting("the kubelet has not acted on the resize yet".into());
     }
     Resized::Done
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "generation": 2},
+            "spec": {
+                "initContainers": [{"name": "proxy", "restartPolicy": "Always",
+                    "resources": {"requests": {"cpu": "20m"}}}],
+                "containers": [{"name": "app", "resources": {}}],
+            },
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_resize_is_done_once_the_kubelet_allocated_what_the_spec_sets() {
+        let allocated = |cpu: &str| {
+            json!({
+                "observedGeneration": 2,
+                "initContainerStatuses": [{"name": "proxy", "image": "", "imageID": "",
+                    "ready": true, "restartCount": 0, "resources": {"requests": {"cpu": cpu}}}],
+                "containerStatuses": [{"name": "app", "image": "", "imageID": "",
+                    "ready": true, "restartCount": 0}],
+            })
+        };
+        assert_eq!(resized(&pod(allocated("20m"))), Resized::Done);
+        assert!(
+            matches!(resized(&pod(allocated("10m"))), Resized::Waiting(w) if w.contains("proxy"))
+        );
+        let mut behind = allocated("20m");
+        behind["observedGeneration"] = 1.into();
+        assert!(matches!(resized(&pod(behind)), Resized::Waiting(_)));
+    }
+
+    #[test]
+    fn an_infeasible_resize_is_told_apart_from_a_pending_one() {
+        let condition = |reason: &str| {
+            json!({"conditions": [{"type": "PodResizePending", "status": "True",
+                "reason": reason, "message": "Node didn't have enough capacity"}]})
+        };
+        assert_eq!(
+            resized(&pod(condition("Infeasible"))),
+            Resized::Infeasible("Node didn't have enough capacity".into())
+        );
+        assert!(matches!(
+            resized(&pod(condition("Deferred"))),
+            Resized::Waiting(_)
+        ));
+    }
 }
