@@ -3,8 +3,9 @@
 //! [`Snapshot`], let the loop decide ([`Loop::pass`], pure), write the status slices it decided
 //! through its owner's [`status::Writer`], take its own writes and looks (the probe's dry runs)
 //! and decide again from what they came to ([`Loop::judge`], pure), every write after a last
-//! leadership check, and publish its metrics. A loop's state is plain data: its decisions are unit-tested with snapshots built by
-//! hand, without a cluster.
+//! leadership check, then publish the Events the tick decided besides its writes' own
+//! ([`Loop::events`]) and its metrics. A loop's state is plain data: its decisions are
+//! unit-tested with snapshots built by hand, without a cluster.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -43,6 +44,9 @@ pub struct Snapshot<X = ()> {
     pub pods_generation: u64,
     /// Per policy, the slice this loop's owner wrote that the cache does not show yet.
     pub pending: HashMap<String, InjectionPolicyStatus>,
+    /// Per policy, when this replica last wrote its owner's slice, shown by the cache or not (the
+    /// rollout's throttle).
+    pub written_at: HashMap<String, Instant>,
     pub extra: X,
 }
 
@@ -180,6 +184,12 @@ pub trait Loop: Send + 'static {
     /// A write to `policy` failed.
     fn failed(&mut self, policy: &str, now: Now);
 
+    /// The Events this tick decided besides those that follow a write (a rollout's one
+    /// `Restarted` per pass), published at its end after a last leadership check.
+    fn events(&mut self) -> Vec<(Arc<InjectionPolicy>, PlannedEvent)> {
+        Vec::new()
+    }
+
     /// Publishes what the last pass measured.
     fn publish(&mut self, metrics: &Metrics);
 }
@@ -255,6 +265,13 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
             if !write(&mut l, &writer, &recorder, &leading, writes).await {
                 return;
             }
+        }
+        let events = l.events();
+        if !events.is_empty() && !leading.now() {
+            return;
+        }
+        for (policy, event) in events {
+            publish(&recorder, &policy, event).await;
         }
         l.publish(&metrics);
     }
@@ -366,8 +383,13 @@ impl Views {
             .into_iter()
             .filter_map(|n| Some((n.clone(), served.get(&n)?)))
             .collect();
+        let written_at = policies
+            .iter()
+            .filter_map(|p| Some((p.name_any(), writer.written_at(&p.name_any())?)))
+            .collect();
         Some(Snapshot {
             pending: writer.pending(&policies),
+            written_at,
             policies,
             served,
             namespaces,

@@ -7,14 +7,19 @@
 //! Crash-resumable by construction: the restart annotation names `<policy>@<revision>`, so a new
 //! leader sees what the last one restarted (and when, for the timeout) and never restarts a
 //! workload twice for one revision; a halted rollout is kept in `status.rollout`.
+//!
+//! Its loop is [`Rollout`] under [`crate::driver`]: [`decide`] decides (pure), [`io`] takes the
+//! writes and reads it decided; this module keeps the workload reflectors and their writes.
 
+mod decide;
 pub mod inplace;
+mod io;
 pub mod plan;
 pub mod pods;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, PoisonError};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{
@@ -25,28 +30,25 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
     ConditionStatus, InjectionPolicy, RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION,
-    ROLLOUT_HALT_ANNOTATION, ROLLOUT_PROMOTE_ANNOTATION, ROLLOUT_RESUME_ANNOTATION, RolloutPhase,
-    RolloutStatus, RolloutStrategy, STATUS_ANNOTATION, StableRevision, condition, set_condition,
+    ROLLOUT_HALT_ANNOTATION, RolloutPhase, RolloutStatus, STATUS_ANNOTATION,
 };
 use splice_engine::Exclusions;
-use splice_engine::entry::CanaryScope;
 use splice_engine::selector::Selector;
 
-use self::plan::{
-    InPlaceProof, Kind, Limits, PodNeed, PodNeeding, PodPath, PodRef, PolicyInput, Progress,
-    Updating, Workload, WorkloadRef,
-};
-use self::pods::{Resized, Sorted};
-use crate::leader::Leadership;
+pub use self::decide::Rollout;
+use self::decide::View;
+use self::io::{Act, Io, Look, Seen};
+use self::plan::{Kind, Progress, Workload, WorkloadRef};
+use crate::driver::{self, Inputs, Loop, Now, Pass, Write};
 use crate::metrics::Metrics;
-use crate::policy::in_force;
-use crate::view::{self, LeaderView, PodState, Policies};
+use crate::policy::conditions::PlannedEvent;
+use crate::status::Owner;
+use crate::view;
 
 pub use crate::status::ROLLOUT_MANAGER;
 /// One planning pass at most this often.
@@ -81,8 +83,6 @@ pub enum Error {
         revision: String,
         got: String,
     },
-    #[error("writing status.rollout of policy {policy}: {source}")]
-    Status { policy: String, source: kube::Error },
 }
 
 impl Error {
@@ -107,19 +107,10 @@ struct Caches {
     budgets: Store<PodDisruptionBudget>,
 }
 
-/// What this replica restarted, until its cache shows it: (restartedFor, restartedAt).
-type Written = HashMap<WorkloadRef, (String, Timestamp)>;
-
-/// The leader's rollout loop; a task of the term, cancelled with it.
-pub async fn run(
-    client: Client,
-    config: Config,
-    policies: Policies,
-    observed: LeaderView,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    leading: Leadership,
-) {
+/// The leader's rollout loop ([`Rollout`] under the shared driver); a task of the term,
+/// cancelled with it.
+pub async fn run(config: Config, inputs: Inputs) {
+    let client = inputs.client.clone();
     let (deployments, w1) = reflector::store::<Deployment>();
     let (statefulsets, w2) = reflector::store::<StatefulSet>();
     let (daemonsets, w3) = reflector::store::<DaemonSet>();
@@ -131,30 +122,21 @@ pub async fn run(
         reflect(Api::<DaemonSet>::all(client.clone()), w3),
         reflect(Api::<PodDisruptionBudget>::all(client.clone()), w4),
     );
-    let caches = Caches {
-        deployments,
-        statefulsets,
-        daemonsets,
-        budgets,
-    };
-    let work = Loop {
+    let io = Io {
         client,
-        config,
-        metrics,
-        recorder,
-        leading,
-        written: Written::new(),
-        verified: HashSet::new(),
-        reported: HashMap::new(),
-        paths: HashMap::new(),
-        proofs: HashMap::new(),
-        written_pods: HashMap::new(),
-        resizing: HashMap::new(),
-    }
-    .run(policies, observed, caches);
+        caches: Caches {
+            deployments,
+            statefulsets,
+            daemonsets,
+            budgets,
+        },
+        exclusions: Exclusions::default_for(&config.splice_namespace),
+        leading: inputs.leading.clone(),
+    };
+    let rollout = Rollout::new(&config.splice_namespace, config.max_concurrent);
     tokio::select! {
         _ = watches => {}
-        _ = work => {}
+        _ = driver::run(rollout, io, inputs) => {}
     }
 }
 
@@ -180,888 +162,69 @@ where
         .await;
 }
 
-struct Loop {
-    client: Client,
-    config: Config,
-    metrics: Arc<Metrics>,
-    recorder: Recorder,
-    leading: Leadership,
-    written: Written,
-    /// (policy, revision, namespace) where a dry-run pod came back injected with the revision.
-    verified: HashSet<(String, String, String)>,
-    /// Per policy: (uid, status.rollout written, when), until the cache shows it.
-    reported: HashMap<String, (Option<String>, RolloutStatus, Instant)>,
-    /// Per outdated pod: its change's path as last sorted, so a pod is read in full once per
-    /// revision rather than every pass.
-    paths: HashMap<PodRef, Sorted>,
-    /// Per pod updated in place: (revision, proof) as last read; a proven pod is not read again.
-    proofs: HashMap<PodRef, (String, InPlaceProof)>,
-    /// Pods this replica updated in place, until the cache shows it: (policy, revision, when).
-    written_pods: HashMap<PodRef, (String, String, Timestamp)>,
-    /// Pods resized and waiting for the kubelet before their record is written.
-    resizing: HashMap<PodRef, (String, String, Timestamp)>,
-}
+impl Loop for Rollout {
+    const NAME: &'static str = "rollout";
+    const OWNER: Owner = Owner::Rollout;
+    const PODS: bool = true;
+    type Look = Look;
+    type Act = Act;
+    type Seen = Seen;
+    type Io = Io;
+    type Extra = Vec<Workload>;
 
-/// How many outdated pods one pass reads in full to sort, at most (the rest wait a pass).
-const SORT_PER_PASS: usize = 500;
-/// Pods read at once.
-const READS_IN_FLIGHT: usize = 16;
-
-/// One policy's inputs, owned, so the planner's input can borrow them.
-struct Candidate {
-    policy: Arc<InjectionPolicy>,
-    compiled: Arc<splice_engine::CompiledPolicy>,
-    /// What its current pods carry: template hash and `valuesFrom` data digests.
-    revision: String,
-    limits: Limits,
-    /// A halt recorded in status, not lifted by a resume: (by, at).
-    halt: Option<(String, Option<Timestamp>)>,
-    held: bool,
-    resumed_at: Option<Timestamp>,
-    /// The open canary's selectors, namespace and object.
-    canary: Option<CanaryScope>,
-    promote_requested: bool,
-    /// The promoted revision the status keeps.
-    stable: Option<StableRevision>,
-    strategy: RolloutStrategy,
-}
-
-impl Loop {
-    async fn run(mut self, policies: Policies, observed: LeaderView, caches: Caches) {
-        let Policies {
-            cache: policies,
-            mut listed,
-            webhook_policies: served,
-        } = policies;
-        if listed.wait_for(|l| *l).await.is_err() {
-            return;
-        }
-        for ready in [
-            caches.deployments.wait_until_ready().await,
-            caches.statefulsets.wait_until_ready().await,
-            caches.daemonsets.wait_until_ready().await,
-            caches.budgets.wait_until_ready().await,
-        ] {
-            if ready.is_err() {
-                return;
-            }
-        }
-        let exclusions = Exclusions::default_for(&self.config.splice_namespace);
-        let mut ticker = tokio::time::interval(PERIOD);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let (pods_synced, pods) = {
-                let p = observed.pods.lock().unwrap_or_else(PoisonError::into_inner);
-                (p.synced, p.snapshot())
-            };
-            let (ns_synced, contexts) = {
-                let n = observed
-                    .namespaces
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                (n.synced, n.contexts.clone())
-            };
-            if !pods_synced || !ns_synced {
-                continue;
-            }
-            let mut candidates: Vec<Candidate> = policies
-                .state()
-                .into_iter()
-                .filter_map(|policy| {
-                    let rollout = policy.spec.rollout.as_ref()?;
-                    if policy.spec.paused {
-                        return None;
-                    }
-                    // The generation this replica's webhook serves: what new pods get.
-                    let compiled = in_force::in_force_of(&served, &policy.name_any())?;
-                    let revision = view::revision(&compiled);
-                    let canary = in_force::open_canary(&policy, compiled.template_hash())
-                        .map(|(c, _)| CanaryScope::of(c));
-                    let stable = in_force::stable(&policy).cloned();
-                    let annotations = policy.annotations();
-                    let resumed_at = annotations
-                        .get(ROLLOUT_RESUME_ANNOTATION)
-                        .and_then(|v| v.split_once('@'))
-                        .filter(|(r, _)| *r == revision)
-                        .and_then(|(_, at)| at.parse::<Timestamp>().ok());
-                    let held = annotations.contains_key(ROLLOUT_HALT_ANNOTATION);
-                    let promote_requested = annotations
-                        .get(ROLLOUT_PROMOTE_ANNOTATION)
-                        .is_some_and(|h| h == compiled.template_hash());
-                    // A halt recorded in status holds until a resume requested after it.
-                    let halt = policy
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.rollout.as_ref())
-                        .filter(|r| r.phase == RolloutPhase::Halted && r.revision == revision)
-                        .and_then(|r| {
-                            let at = r.halted_at.as_deref().and_then(|t| t.parse().ok());
-                            let lifted = match (at, resumed_at) {
-                                (Some(at), Some(resumed)) => resumed > at,
-                                (None, Some(_)) => true,
-                                _ => false,
-                            };
-                            let by = r.halted_by.clone()?;
-                            // A requested halt is the annotation's; it ends with it.
-                            (!lifted && by != plan::HALT_REQUESTED).then_some((by, at))
-                        });
-                    let limits = Limits {
-                        max_concurrent: usize::try_from(rollout.max_concurrent).unwrap_or(1),
-                        max_per_namespace: usize::try_from(rollout.max_concurrent_per_namespace)
-                            .unwrap_or(1),
-                        timeout: rollout.timeout().unwrap_or(DEFAULT_TIMEOUT),
-                        repair_missed: rollout.repair_missed,
-                    };
-                    let strategy = rollout.strategy;
-                    Some(Candidate {
-                        policy,
-                        compiled,
-                        revision,
-                        limits,
-                        halt,
-                        held,
-                        resumed_at,
-                        canary,
-                        promote_requested,
-                        stable,
-                        strategy,
-                    })
-                })
-                .collect();
-            candidates.sort_by_key(|c| c.policy.name_any());
-            let gone: Vec<String> = self
-                .reported
-                .keys()
-                .filter(|name| !candidates.iter().any(|c| &c.policy.name_any() == *name))
-                .cloned()
-                .collect();
-            for name in gone {
-                self.reported.remove(&name);
-            }
-            if candidates.is_empty() {
-                self.metrics.set_rollout(HashMap::new());
-                continue;
-            }
-            let names: Vec<String> = candidates.iter().map(|c| c.policy.name_any()).collect();
-            self.sort_and_prove(&candidates, &names, &pods, &contexts, &exclusions)
-                .await;
-            let inputs: Vec<PolicyInput<'_>> = candidates
-                .iter()
-                .zip(&names)
-                .map(|(c, name)| PolicyInput {
-                    policy: name,
-                    revision: &c.revision,
-                    limits: c.limits,
-                    halted_by: c.halt.as_ref().map(|(by, _)| by.as_str()),
-                    halted_at: c.halt.as_ref().and_then(|(_, at)| *at),
-                    held: c.held,
-                    resumed_at: c.resumed_at,
-                    pods: view::classify(
-                        &c.compiled,
-                        view::in_force_since(&c.policy),
-                        &contexts,
-                        &exclusions,
-                        pods.iter().map(|p| &**p),
-                    )
-                    .filter_map(|(pod, state)| {
-                        let need = match state {
-                            PodState::Current => return None,
-                            PodState::Outdated => PodNeed::Outdated,
-                            PodState::Missed => PodNeed::Missed,
-                        };
-                        if self.in_flight(name, &c.revision, pod).is_some() {
-                            return None;
-                        }
-                        Some(PodNeeding {
-                            namespace: &pod.namespace,
-                            name: &pod.name,
-                            labels: &pod.labels,
-                            owner: pod.owner,
-                            need,
-                            in_canary: in_canary(c, &contexts, pod),
-                            path: self.path_of(c, pod),
-                        })
-                    })
-                    .collect(),
-                    canary: c.canary.is_some(),
-                    promote_requested: c.promote_requested,
-                    strategy: c.strategy,
-                    updating: self.updating(c, name, &contexts, &exclusions, &pods),
-                })
-                .collect();
-            let workloads = self.workloads(&caches);
-            let mut plans = plan::plan(
-                &inputs,
-                &workloads,
-                &exclusions.namespaces,
-                self.config.max_concurrent,
-                Timestamp::now(),
-            );
-            for (plan, c) in plans.iter_mut().zip(&candidates) {
-                pin(plan, c);
-            }
-            let gauges = plans
-                .iter()
-                .map(|p| {
-                    let s = &p.status;
-                    (
-                        p.policy.clone(),
-                        [
-                            s.outdated,
-                            s.restarting,
-                            s.done,
-                            s.failed,
-                            s.manual,
-                            i64::from(s.phase == RolloutPhase::Halted),
-                        ],
-                    )
-                })
-                .collect();
-            self.metrics.set_rollout(gauges);
-            for (plan, c) in plans.into_iter().zip(&candidates) {
-                if !self.leading.now() {
-                    return;
-                }
-                self.act(&plan, &caches, &c.policy).await;
-                let updated = self.update_planned(&plan, c, &contexts, &exclusions).await;
-                if let Some(note) = plan::updated_note(&plan.policy, &plan.revision, &updated) {
-                    publish(
-                        &self.recorder,
-                        &c.policy,
-                        EventType::Normal,
-                        "UpdatedInPlace",
-                        note,
-                    )
-                    .await;
-                }
-                let reported = self.report(&plan, &c.policy, &caches).await;
-                if plan.promote && reported {
-                    let note = format!(
-                        "Promoted revision {} of policy {}: {}; the rest of the cluster now rolls to it",
-                        c.compiled.template_hash(),
-                        plan.policy,
-                        if c.promote_requested {
-                            "promotion requested"
-                        } else {
-                            "every canary workload is fully available on it"
-                        }
-                    );
-                    publish(
-                        &self.recorder,
-                        &c.policy,
-                        EventType::Normal,
-                        "Promoted",
-                        note,
-                    )
-                    .await;
-                }
-            }
-        }
+    fn period(&self) -> Duration {
+        PERIOD
     }
 
-    /// The path the planner reads for an outdated pod: `Restart` under that strategy, else
-    /// what the last sorting found for this revision and the version the pod carries.
-    fn path_of(&self, c: &Candidate, pod: &view::PodRecord) -> PodPath {
-        if c.strategy == RolloutStrategy::Restart {
-            return PodPath::Restart;
-        }
-        let recorded = pod.recorded_hash(&c.policy.name_any()).unwrap_or_default();
-        self.paths
-            .get(&pod_ref(pod))
-            .filter(|s| s.revision == c.revision && s.recorded == recorded)
-            .map_or(PodPath::Unsorted, |s| s.path)
+    fn pass(&mut self, view: &View, now: Now) -> Pass<Look, Act> {
+        self.decide(view, now)
     }
 
-    /// When the pod was updated (or resized) in place for `revision`, by the record on it or
-    /// by this replica's own write the cache does not show yet.
-    fn in_flight(
-        &self,
-        policy: &str,
-        revision: &str,
-        pod: &view::PodRecord,
-    ) -> Option<Option<Timestamp>> {
-        if let Some(at) = pod.updated_in_place(policy, revision) {
-            return Some(at);
-        }
-        let key = pod_ref(pod);
-        [&self.written_pods, &self.resizing]
-            .into_iter()
-            .filter_map(|m| m.get(&key))
-            .find(|(p, r, _)| p == policy && r == revision)
-            .map(|(_, _, at)| Some(*at))
+    async fn ready(io: &Io) -> bool {
+        let c = &io.caches;
+        c.deployments.wait_until_ready().await.is_ok()
+            && c.statefulsets.wait_until_ready().await.is_ok()
+            && c.daemonsets.wait_until_ready().await.is_ok()
+            && c.budgets.wait_until_ready().await.is_ok()
     }
 
-    /// The policy's pods updated in place for its revision, with their proofs as last read.
-    fn updating<'v>(
-        &self,
-        c: &'v Candidate,
-        name: &str,
-        contexts: &'v HashMap<String, splice_engine::NamespaceContext>,
-        exclusions: &'v Exclusions,
-        pods: &'v [Arc<view::PodRecord>],
-    ) -> Vec<Updating<'v>> {
-        if c.strategy == RolloutStrategy::Restart {
-            return Vec::new();
-        }
-        view::classify(
-            &c.compiled,
-            None,
-            contexts,
-            exclusions,
-            pods.iter().map(|p| &**p),
-        )
-        .filter_map(|(pod, _)| {
-            let at = self.in_flight(name, &c.revision, pod)?;
-            let key = pod_ref(pod);
-            let proof = self
-                .proofs
-                .get(&key)
-                .filter(|(r, _)| *r == c.revision)
-                .map_or_else(
-                    || InPlaceProof::Waiting("not read yet".into()),
-                    |(_, p)| p.clone(),
-                );
-            Some(Updating {
-                pod: key,
-                at,
-                proof,
-                in_canary: in_canary(c, contexts, pod),
-                namespace: &pod.namespace,
-            })
-        })
-        .collect()
-    }
-
-    /// Reads in full the outdated pods not sorted yet for their policy's revision and sorts
-    /// them with the engine; reads the pods updated in place whose proof is not in yet, and
-    /// finishes the resizes the kubelet has made (their record) or refused (a restart then).
-    async fn sort_and_prove(
-        &mut self,
-        candidates: &[Candidate],
-        names: &[String],
-        pods: &[Arc<view::PodRecord>],
-        contexts: &HashMap<String, splice_engine::NamespaceContext>,
-        exclusions: &Exclusions,
-    ) {
-        use futures::stream::{self, StreamExt as _};
-        // Forget own writes once the cache shows them, and pods gone.
-        let live: HashSet<PodRef> = pods.iter().map(|p| pod_ref(p)).collect();
-        self.paths.retain(|k, _| live.contains(k));
-        self.proofs.retain(|k, _| live.contains(k));
-        self.resizing.retain(|k, _| live.contains(k));
-        self.written_pods.retain(|k, (policy, revision, _)| {
-            pods.iter()
-                .find(|p| &pod_ref(p) == k)
-                .is_some_and(|p| p.updated_in_place(policy, revision).is_none())
-        });
-        let mut to_sort = Vec::new();
-        let mut to_prove = Vec::new();
-        for (i, (c, name)) in candidates.iter().zip(names).enumerate() {
-            if c.strategy == RolloutStrategy::Restart {
-                continue;
-            }
-            let since = view::in_force_since(&c.policy);
-            for (pod, state) in view::classify(
-                &c.compiled,
-                since,
-                contexts,
-                exclusions,
-                pods.iter().map(|p| &**p),
-            ) {
-                let key = pod_ref(pod);
-                if self.in_flight(name, &c.revision, pod).is_some() {
-                    let proven = self
-                        .proofs
-                        .get(&key)
-                        .is_some_and(|(r, p)| *r == c.revision && *p == InPlaceProof::Done);
-                    if !proven {
-                        to_prove.push((i, key));
-                    }
-                } else if state == PodState::Outdated
-                    && self.path_of(c, pod) == PodPath::Unsorted
-                    && to_sort.len() < SORT_PER_PASS
-                {
-                    let recorded = pod.recorded_hash(name).unwrap_or_default().to_owned();
-                    to_sort.push((i, recorded, key));
-                }
-            }
-        }
-        let client = self.client.clone();
-        let sorted: Vec<_> = stream::iter(to_sort)
-            .map(|(i, recorded, key)| {
-                let client = client.clone();
-                async move {
-                    let pod = pods::read(&client, &key).await;
-                    (i, recorded, key, pod)
-                }
-            })
-            .buffer_unordered(READS_IN_FLIGHT)
-            .collect()
-            .await;
-        for (i, recorded, key, pod) in sorted {
-            let c = &candidates[i];
-            let pod = match pod {
-                Ok(Some(pod)) => pod,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, label = e.label(), "rollout: not sorted");
-                    continue;
-                }
-            };
-            let ns = namespace_context(contexts, &key.namespace);
-            match pods::sort(&c.compiled, &pod, &ns, exclusions) {
-                Ok(change) => {
-                    tracing::debug!(pod = %key, path = %change.path, "rollout: sorted");
-                    self.paths
-                        .insert(key, Sorted::of(&c.revision, &recorded, &change.path));
-                }
-                Err(message) => {
-                    let e = pods::PodError::Sort { pod: key, message };
-                    tracing::warn!(error = %e, label = e.label(), "rollout: not sorted");
-                }
-            }
-        }
-        let proofs: Vec<_> = stream::iter(to_prove)
-            .map(|(i, key)| {
-                let client = client.clone();
-                async move {
-                    let pod = pods::read(&client, &key).await;
-                    (i, key, pod)
-                }
-            })
-            .buffer_unordered(READS_IN_FLIGHT)
-            .collect()
-            .await;
-        for (i, key, pod) in proofs {
-            let (c, name) = (&candidates[i], names[i].as_str());
-            match pod {
-                Ok(Some(pod)) => self.prove(c, name, key, &pod, contexts, exclusions).await,
-                Ok(None) => {}
-                Err(e) => tracing::warn!(error = %e, label = e.label(), "rollout: no proof read"),
-            }
-        }
-    }
-
-    /// Reads the proof of an in-place update on `pod`; a resize the kubelet made gets its
-    /// record now, one it refused sends the pod to a restart.
-    async fn prove(
-        &mut self,
-        c: &Candidate,
-        name: &str,
-        key: PodRef,
-        pod: &Pod,
-        contexts: &HashMap<String, splice_engine::NamespaceContext>,
-        exclusions: &Exclusions,
-    ) {
-        if self.resizing.contains_key(&key) {
-            match pods::resized(pod) {
-                Resized::Waiting(why) => {
-                    self.proofs
-                        .insert(key, (c.revision.clone(), InPlaceProof::Waiting(why)));
-                }
-                Resized::Infeasible(why) => {
-                    tracing::info!(pod = %key, reason = %why, "rollout: resize infeasible; the pod's workload restarts instead");
-                    self.resizing.remove(&key);
-                    // Keyed by the version the pod still carries, so it is not sorted again
-                    // (its spec now holds the new resources, which would read as no change).
-                    let recorded = recorded_version(pod, name);
-                    self.paths.insert(
-                        key,
-                        Sorted {
-                            revision: c.revision.clone(),
-                            recorded,
-                            path: PodPath::Restart,
-                            why: format!(
-                                "restart: the kubelet reports the resize Infeasible ({why})"
-                            ),
-                        },
-                    );
-                }
-                Resized::Done => {
-                    // The record, now that the kubelet made the resize.
-                    let ns = namespace_context(contexts, &key.namespace);
-                    if let Ok(change) = pods::sort(&c.compiled, pod, &ns, exclusions)
-                        && change.path.in_place()
-                        && !matches!(change.path, splice_engine::change::Path::Resize(_))
-                        && self.leading.now()
-                    {
-                        match pods::write(&self.client, &key, pod, &change, name, &c.revision).await
-                        {
-                            Ok(()) => {
-                                self.resizing.remove(&key);
-                                self.written_pods.insert(
-                                    key,
-                                    (name.to_owned(), c.revision.clone(), Timestamp::now()),
-                                );
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, label = e.label(), "rollout: record after resize")
-                            }
-                        }
-                    }
-                }
-            }
-            return;
-        }
-        let markers = inplace::markers(pod.metadata.annotations.as_ref());
-        let proof = match markers.get(name).filter(|m| m.revision == c.revision) {
-            Some(m) => match inplace::proof(pod, m) {
-                inplace::Proof::Done => InPlaceProof::Done,
-                inplace::Proof::Waiting(w) => InPlaceProof::Waiting(w),
-                inplace::Proof::Broken(b) => InPlaceProof::Broken(b),
-            },
-            None => InPlaceProof::Waiting("the update is not on the pod yet".into()),
-        };
-        self.proofs.insert(key, (c.revision.clone(), proof));
-    }
-
-    /// Updates the planned pods in place, each read again and sorted again first (a pod changed
-    /// since is decided again, never overwritten), after a last leadership check. Returns the
-    /// pods written.
-    async fn update_planned(
-        &mut self,
-        plan: &plan::Plan,
-        c: &Candidate,
-        contexts: &HashMap<String, splice_engine::NamespaceContext>,
-        exclusions: &Exclusions,
-    ) -> Vec<PodRef> {
-        let mut updated = Vec::new();
-        for id in &plan.update {
-            let pod = match pods::read(&self.client, id).await {
-                Ok(Some(pod)) => pod,
-                Ok(None) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
-                    continue;
-                }
-            };
-            let ns = namespace_context(contexts, &id.namespace);
-            let change = match pods::sort(&c.compiled, &pod, &ns, exclusions) {
-                Ok(change) => change,
-                Err(message) => {
-                    let e = pods::PodError::Sort {
-                        pod: id.clone(),
-                        message,
-                    };
-                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
-                    continue;
-                }
-            };
-            if !change.path.in_place() {
-                let recorded = recorded_version(&pod, &plan.policy);
-                self.paths
-                    .insert(id.clone(), Sorted::of(&c.revision, &recorded, &change.path));
-                continue;
-            }
-            if !self.leading.now() {
-                break;
-            }
-            match pods::write(
-                &self.client,
-                id,
-                &pod,
-                &change,
-                &plan.policy,
-                &plan.revision,
-            )
-            .await
-            {
-                Ok(()) => {
-                    tracing::info!(policy = %plan.policy, pod = %id, path = %change.path, "rollout: updated in place");
-                    let entry = (plan.policy.clone(), plan.revision.clone(), Timestamp::now());
-                    if matches!(change.path, splice_engine::change::Path::Resize(_)) {
-                        self.resizing.insert(id.clone(), entry);
-                    } else {
-                        self.written_pods.insert(id.clone(), entry);
-                    }
-                    updated.push(id.clone());
-                }
-                Err(e) => {
-                    if e.stale() {
-                        self.paths.remove(id);
-                    }
-                    tracing::warn!(error = %e, label = e.label(), "rollout: not updated");
-                }
-            }
-        }
-        updated
-    }
-
-    /// Every workload as the planner sees it, with this replica's own restarts laid over a
-    /// cache that may not show them yet.
-    fn workloads(&mut self, caches: &Caches) -> Vec<Workload> {
-        let budgets = caches.budgets.state();
+    /// Every workload as its cache shows it (the pass lays this replica's restarts over them).
+    fn extra(io: &Io) -> Vec<Workload> {
+        let budgets = io.caches.budgets.state();
         let mut out = Vec::new();
-        collect(&caches.deployments, &budgets, &mut out);
-        collect(&caches.statefulsets, &budgets, &mut out);
-        collect(&caches.daemonsets, &budgets, &mut out);
-        // Forget a restart once the cache shows it (or the workload is gone).
-        self.written.retain(|id, (value, _)| {
-            out.iter()
-                .find(|w| &w.id == id)
-                .is_some_and(|w| w.restarted_for.as_ref() != Some(value))
-        });
-        for w in &mut out {
-            if let Some((value, at)) = self.written.get(&w.id) {
-                w.restarted_for = Some(value.clone());
-                w.restarted_at = Some(*at);
-                w.settled = false;
-            }
-        }
+        collect(&io.caches.deployments, &budgets, &mut out);
+        collect(&io.caches.statefulsets, &budgets, &mut out);
+        collect(&io.caches.daemonsets, &budgets, &mut out);
         out
     }
 
-    /// Restarts what the plan says, each after a last leadership check; before the first
-    /// restart of a revision into a namespace, a dry-run pod must come back with that revision.
-    async fn act(&mut self, plan: &plan::Plan, caches: &Caches, policy: &InjectionPolicy) {
-        let mut restarted = Vec::new();
-        self.restart_planned(plan, caches, &mut restarted).await;
-        // One Event per pass, naming every workload it restarted.
-        if let Some(note) = plan::restarted_note(&plan.policy, &plan.revision, &restarted) {
-            publish(&self.recorder, policy, EventType::Normal, "Restarted", note).await;
-        }
+    async fn look(io: &Io, _view: &View, looks: Vec<Look>) -> Vec<Seen> {
+        io::look(io, looks).await
     }
 
-    /// Restarts what the plan says, each after a last leadership check; what it restarted goes
-    /// into `restarted`.
-    async fn restart_planned(
-        &mut self,
-        plan: &plan::Plan,
-        caches: &Caches,
-        restarted: &mut Vec<WorkloadRef>,
-    ) {
-        for id in &plan.restart {
-            let Some(template) = template_of(caches, id) else {
-                continue;
-            };
-            let key = (
-                plan.policy.clone(),
-                plan.revision.clone(),
-                id.namespace.clone(),
-            );
-            if !self.verified.contains(&key) {
-                match dry_run(&self.client, id, &template, &plan.policy, &plan.revision).await {
-                    Ok(()) => {
-                        self.verified.insert(key);
-                    }
-                    Err(e) => {
-                        tracing::warn!(policy = %plan.policy, error = %e, label = e.label(), "rollout: not restarting yet");
-                        continue;
-                    }
-                }
-            }
-            if !self.leading.now() {
-                return;
-            }
-            let value = plan::restarted_for(&plan.policy, &plan.revision);
-            let now = Timestamp::now();
-            match restart(&self.client, id, &value, now).await {
-                Ok(()) => {
-                    tracing::info!(policy = %plan.policy, workload = %id, revision = %plan.revision, "rollout: restarted");
-                    self.written.insert(id.clone(), (value, now));
-                    restarted.push(id.clone());
-                }
-                Err(e) => {
-                    tracing::warn!(policy = %plan.policy, error = %e, label = e.label(), "rollout: restart failed");
-                }
-            }
-        }
+    async fn act(io: &Io, act: Act) -> Seen {
+        io::act(io, act).await
     }
 
-    /// Writes `status.rollout` and `RolledOut` when they changed: a phase change at once,
-    /// progress at most every [`STATUS_INTERVAL`]; a Warning Event when the rollout halts.
-    /// True when the status says what the plan does (written now or before).
-    async fn report(
-        &mut self,
-        plan: &plan::Plan,
-        policy: &InjectionPolicy,
-        caches: &Caches,
-    ) -> bool {
-        let name = policy.name_any();
-        let cached = policy.status.as_ref().and_then(|s| s.rollout.clone());
-        let (known, last_write) = match self.reported.get(&name) {
-            Some((uid, s, at)) if uid == &policy.uid() && cached.as_ref() != Some(s) => {
-                (Some(s.clone()), Some(*at))
-            }
-            Some((_, _, at)) => (cached, Some(*at)),
-            None => (cached, None),
-        };
-        if known.as_ref() == Some(&plan.status) {
-            return true;
-        }
-        let phase_changed = known.as_ref().map(|s| (s.phase, &s.revision, &s.stable))
-            != Some((
-                plan.status.phase,
-                &plan.status.revision,
-                &plan.status.stable,
-            ));
-        if !phase_changed && last_write.is_some_and(|at| at.elapsed() < STATUS_INTERVAL) {
-            return false;
-        }
-        if !self.leading.now() {
-            return false;
-        }
-        let mut conditions = policy
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let (status, reason, message) = rolled_out(&plan.status);
-        set_condition(
-            &mut conditions,
-            condition::ROLLED_OUT,
-            status,
-            reason,
-            &message,
-            policy.metadata.generation,
-            Timestamp::now(),
-        );
-        let rolled = conditions
-            .into_iter()
-            .filter(|c| c.type_ == condition::ROLLED_OUT)
-            .collect::<Vec<_>>();
-        let patch = serde_json::json!({
-            "apiVersion": InjectionPolicy::api_version(&()),
-            "kind": InjectionPolicy::kind(&()),
-            "status": {"conditions": rolled, "rollout": &plan.status},
-        });
-        let api: Api<InjectionPolicy> = Api::all(self.client.clone());
-        if let Err(source) = api
-            .patch_status(
-                &name,
-                &PatchParams::apply(ROLLOUT_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-        {
-            let e = Error::Status {
-                policy: name,
-                source,
-            };
-            tracing::warn!(error = %e, label = e.label(), "rollout: status not written");
-            return false;
-        }
-        self.reported.insert(
-            name.clone(),
-            (policy.uid(), plan.status.clone(), Instant::now()),
-        );
-        let timeout = policy
-            .spec
-            .rollout
-            .as_ref()
-            .and_then(|r| r.timeout())
-            .unwrap_or(DEFAULT_TIMEOUT);
-        if let Some((pod, why)) = &plan.newly_failed_pod {
-            let note = format!(
-                "Rollout of revision {} halted: the in-place update of {pod} was not proven within {}s: {why}. Nothing more is changed until the template changes or `kubectl splice rollout resume`; `kubectl splice rollout undo` puts the earlier images back on the pods this revision updated.",
-                plan.revision,
-                timeout.as_secs(),
-            );
-            publish(
-                &self.recorder,
-                policy,
-                EventType::Warning,
-                "RolloutHalted",
-                note,
-            )
-            .await;
-        }
-        let newly_blocked =
-            known.as_ref().map_or(0, |k| k.not_in_place) != plan.status.not_in_place;
-        if newly_blocked
-            && let Some(note) = plan::not_in_place_note(&name, &plan.revision, &plan.not_in_place)
-        {
-            publish(
-                &self.recorder,
-                policy,
-                EventType::Warning,
-                "NeedsRestart",
-                note,
-            )
-            .await;
-        }
-        if let Some(failed) = &plan.newly_failed {
-            let detail = match what_failed(&self.client, caches, failed, &name).await {
-                Some(d) => format!(" ({d})"),
-                None => String::new(),
-            };
-            let note = format!(
-                "Rollout of revision {} halted: {failed} did not become fully available within {}s of its restart{detail}. Nothing more is restarted until the template changes or `kubectl splice rollout resume`.",
-                plan.revision,
-                timeout.as_secs(),
-            );
-            publish(
-                &self.recorder,
-                policy,
-                EventType::Warning,
-                "RolloutHalted",
-                note,
-            )
-            .await;
-        }
-        true
+    fn judge(&mut self, _view: &View, seen: Vec<Seen>, _now: Now) -> Vec<Write> {
+        self.judged(seen);
+        Vec::new()
     }
-}
 
-/// The version of `policy` the pod's record names (`view::version`), empty without one.
-fn recorded_version(pod: &Pod, policy: &str) -> String {
-    view::injected_versions(pod.metadata.annotations.as_ref())
-        .into_iter()
-        .find(|(p, _)| p == policy)
-        .map(|(_, v)| v)
-        .unwrap_or_default()
-}
-
-fn pod_ref(pod: &view::PodRecord) -> PodRef {
-    PodRef {
-        namespace: pod.namespace.to_string(),
-        name: pod.name.clone(),
+    /// The Events that would follow the write are dropped with it.
+    fn failed(&mut self, policy: &str, _now: Now) {
+        self.drop_held(policy);
     }
-}
 
-fn in_canary(
-    c: &Candidate,
-    contexts: &HashMap<String, splice_engine::NamespaceContext>,
-    pod: &view::PodRecord,
-) -> bool {
-    c.canary.as_ref().is_some_and(|scope| {
-        let ns_labels = contexts.get(&*pod.namespace).map(|n| &n.labels);
-        scope.holds(ns_labels, &pod.labels)
-    })
-}
+    fn events(&mut self) -> Vec<(Arc<InjectionPolicy>, PlannedEvent)> {
+        self.take_events()
+    }
 
-/// The namespace as the engine sees it, from the view (its name alone when not seen yet).
-fn namespace_context(
-    contexts: &HashMap<String, splice_engine::NamespaceContext>,
-    name: &str,
-) -> splice_engine::NamespaceContext {
-    contexts
-        .get(name)
-        .cloned()
-        .unwrap_or_else(|| splice_engine::NamespaceContext {
-            name: name.to_owned(),
-            ..Default::default()
-        })
-}
-
-/// Sets what the status keeps of the revisions: the promoted one stays while a canary is open and
-/// becomes the one in force when it is promoted or when no canary is configured (so that a canary
-/// added later pins it); the canary's while open.
-fn pin(plan: &mut plan::Plan, c: &Candidate) {
-    let open = c.canary.is_some() && !plan.promote;
-    let current = || {
-        Some(StableRevision {
-            template_hash: c.compiled.template_hash().to_owned(),
-            generation: c.compiled.generation(),
-            spec: serde_json::to_value(c.compiled.spec()).ok()?,
-        })
-    };
-    plan.status.stable = match &c.stable {
-        Some(kept) if open => Some(kept.clone()),
-        _ => current(),
-    };
-    plan.status.canary_revision = open.then(|| c.compiled.template_hash().to_owned());
+    fn publish(&mut self, metrics: &Metrics) {
+        if let Some(gauges) = self.gauges.take() {
+            metrics.set_rollout(gauges);
+        }
+    }
 }
 
 /// The `RolledOut` condition for a rollout status: (status, reason, message).
@@ -1542,25 +705,6 @@ fn injected_containers(
         .and_then(|mut m| m.remove(policy))
         .map(|e| e.containers.into_iter().chain(e.init_containers).collect())
         .unwrap_or_default()
-}
-
-async fn publish(
-    recorder: &Recorder,
-    policy: &InjectionPolicy,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let ev = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(crate::policy::error::truncate(note, 1000)),
-        action: "Rollout".into(),
-        secondary: None,
-    };
-    if let Err(e) = recorder.publish(&ev, &policy.object_ref(&())).await {
-        tracing::warn!(policy = %policy.name_any(), error = %e, "could not publish the {reason} Event");
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The rollout's decision, pure: from every policy with `spec.rollout`, the workloads its pods
 //! belong to and what is already restarting, which workloads to restart now under the budget,
-//! and where each policy's rollout stands. No API call; the caller ([`super::run`]) gathers the
-//! inputs from its caches and writes what this decides.
+//! and where each policy's rollout stands. No API call; the caller ([`super::decide`]) gathers
+//! the inputs from its snapshot and decides what to write.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;

@@ -174,22 +174,6 @@ pub(super) fn lead(
         Api::all(client.clone()),
         Arc::clone(&observed.pods),
     ));
-    term.spawn(rollout::run(
-        client.clone(),
-        rollout::Config {
-            splice_namespace: settings.namespace.clone(),
-            max_concurrent: settings.rollout_max_concurrent,
-        },
-        view::Policies {
-            cache: controller.store(),
-            listed: listed.clone(),
-            webhook_policies: Arc::clone(&served),
-        },
-        observed.clone(),
-        Arc::clone(&ctx.metrics),
-        ctx.recorder.clone(),
-        ctx.leading.clone(),
-    ));
     let inputs = |view: view::LeaderView| driver::Inputs {
         policies: view::Policies {
             cache: ctx.policies.clone(),
@@ -202,6 +186,13 @@ pub(super) fn lead(
         metrics: Arc::clone(&ctx.metrics),
         leading: ctx.leading.clone(),
     };
+    term.spawn(rollout::run(
+        rollout::Config {
+            splice_namespace: settings.namespace.clone(),
+            max_concurrent: settings.rollout_max_concurrent,
+        },
+        inputs(observed.clone()),
+    ));
     term.spawn(coverage::run(
         settings.namespace.clone(),
         inputs(observed.clone()),
