@@ -97,7 +97,8 @@ bench-webhook: controlplane
 bench-controller: controlplane
 	e2e/bench/controller.sh
 
-## spec.rollout at scale: 1,000 outdated Deployments on kwok nodes, on a control plane of its own.
+## spec.rollout at scale on kwok nodes, on a control plane of its own: a restart row (1,000 outdated
+## Deployments) and an in-place row (1,000 pods, an image-only change; the bench's own kwok Stage).
 bench-rollout: controlplane
 	e2e/bench/rollout.sh
 

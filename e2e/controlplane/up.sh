@@ -7,7 +7,9 @@
 #   up.sh            start everything, wait for /readyz and Ready nodes
 #   env: SPLICE_RUN_DIR (default ~/.cache/splice/run), SPLICE_PORT_BASE (default 16440),
 #        SPLICE_APISERVER_ARGS (extra kube-apiserver flags, split on spaces; e.g. an audit log),
-#        SPLICE_REAL_NODE=0 (no real node: kwok nodes only, no root needed)
+#        SPLICE_REAL_NODE=0 (no real node: kwok nodes only, no root needed),
+#        SPLICE_KWOK_EXTRA_CONFIG (a file of further kwok Stages, loaded after the standard ones;
+#        e.g. e2e/bench/kwok-in-place-stage.yaml)
 #
 # The admin kubeconfig is written to $SPLICE_RUN_DIR/kubeconfig.
 set -euo pipefail
@@ -166,6 +168,7 @@ wait_for kube-scheduler 60 curl -fsSk "https://127.0.0.1:$SCHEDULER_PORT/healthz
 launch kwok "$BIN_DIR/kwok" \
   --kubeconfig "$RUN_DIR/kwok.kubeconfig" \
   --config "$BIN_DIR/kwok-stages.yaml" \
+  ${SPLICE_KWOK_EXTRA_CONFIG:+--config "$SPLICE_KWOK_EXTRA_CONFIG"} \
   --node-lease-duration-seconds 40 \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
