@@ -110,6 +110,101 @@ pub struct InjectionPolicySpec {
     /// nothing is restarted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+
+    /// Give each selected pod its own certificate: the kubelet generates the key and asks
+    /// Splice's signer `splice.dev/identity` for a certificate naming the pod's SPIFFE ID
+    /// (`spiffe://<trust domain>/ns/<namespace>/sa/<service account>`), through a
+    /// `podCertificate` projected volume Splice injects. Needs Pod Certificates (KEP-4317) on
+    /// the API server and the kubelets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
+}
+
+/// The signer that `spec.identity` volumes name; Splice signs for it and nothing else.
+pub const IDENTITY_SIGNER: &str = "splice.dev/identity";
+/// The name of the projected volume `spec.identity` injects.
+pub const IDENTITY_VOLUME: &str = "splice-identity";
+/// The name of the projected volume `spec.identity.trustBundlePath` injects.
+pub const IDENTITY_TRUST_VOLUME: &str = "splice-identity-trust";
+/// Shortest and longest certificate lifetime a policy may ask for (1 h, 91 days): the bounds
+/// the API server puts on `maxExpirationSeconds`.
+pub const MIN_IDENTITY_EXPIRATION_SECONDS: i32 = 3600;
+pub const MAX_IDENTITY_EXPIRATION_SECONDS: i32 = 91 * 86400;
+
+/// `spec.identity`: where the pod's certificate is mounted, for which containers, and its key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Identity {
+    /// Where the credential bundle (`credentialbundle.pem`: the private key, then the
+    /// certificate chain, leaf first) is mounted, read-only.
+    #[schemars(length(min = 2, max = 256))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains(':') && !self.split('/').exists(p, p == '..')")
+        .message("must be an absolute path without ':' or '..'"))]
+    pub mount_path: String,
+
+    /// The injected containers (and init containers) that mount it, by name. Empty: every
+    /// container the template injects.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_INJECTED_CONTAINERS))]
+    pub containers: Vec<String>,
+
+    /// The key the kubelet generates.
+    #[serde(default)]
+    pub key_type: IdentityKeyType,
+
+    /// The longest certificate lifetime asked for; the signer may issue shorter ones.
+    #[serde(default = "default_identity_expiration")]
+    #[schemars(range(min = MIN_IDENTITY_EXPIRATION_SECONDS, max = MAX_IDENTITY_EXPIRATION_SECONDS))]
+    pub max_expiration_seconds: i32,
+
+    /// Where the signer's trust bundle (`ca.pem`, from the ClusterTrustBundle Splice publishes)
+    /// is mounted in the same containers, so they can check their peers. Absent: not mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 256))]
+    #[x_kube(validation = Rule::new("self.startsWith('/') && !self.contains(':') && !self.split('/').exists(p, p == '..')")
+        .message("must be an absolute path without ':' or '..'"))]
+    pub trust_bundle_path: Option<String>,
+}
+
+fn default_identity_expiration() -> i32 {
+    86400
+}
+
+/// `spec.identity.keyType`: the key types the kubelet can generate for a `podCertificate`
+/// volume.
+#[derive(
+    JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+)]
+pub enum IdentityKeyType {
+    #[serde(rename = "RSA3072")]
+    #[strum(serialize = "RSA3072")]
+    Rsa3072,
+    #[serde(rename = "RSA4096")]
+    #[strum(serialize = "RSA4096")]
+    Rsa4096,
+    #[default]
+    #[serde(rename = "ECDSAP256")]
+    #[strum(serialize = "ECDSAP256")]
+    EcdsaP256,
+    #[serde(rename = "ECDSAP384")]
+    #[strum(serialize = "ECDSAP384")]
+    EcdsaP384,
+    #[serde(rename = "ECDSAP521")]
+    #[strum(serialize = "ECDSAP521")]
+    EcdsaP521,
+    #[serde(rename = "ED25519")]
+    #[strum(serialize = "ED25519")]
+    Ed25519,
 }
 
 /// Longest `spec.rollout.timeout` accepted (24 h), so a typo cannot park a rollout for weeks.
