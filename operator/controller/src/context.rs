@@ -51,6 +51,8 @@ pub struct Settings {
     /// Namespaces `spec.valuesFrom` may read ConfigMaps and Secrets from (watched by every
     /// replica); a source elsewhere is refused.
     pub values_namespaces: Vec<String>,
+    /// The SPIFFE trust domain of the pod identities Splice signs (`spec.identity`).
+    pub trust_domain: String,
 }
 
 /// What every reconcile reads and shares.
@@ -278,6 +280,7 @@ pub(crate) mod tests {
             probe_interval: Some(Duration::from_secs(60)),
             rollout_max_concurrent: crate::rollout::DEFAULT_MAX_CONCURRENT,
             values_namespaces: vec!["splice-system".into()],
+            trust_domain: "cluster.local".into(),
         }
     }
 }

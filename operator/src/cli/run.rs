@@ -75,6 +75,11 @@ pub struct Args {
     #[arg(long, env = "SPLICE_VALUES_NAMESPACES", value_delimiter = ',')]
     values_namespaces: Vec<String>,
 
+    /// The SPIFFE trust domain of the pod certificates Splice signs (`spec.identity`): their
+    /// URI SAN is `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+    #[arg(long, env = "SPLICE_TRUST_DOMAIN", default_value = "cluster.local", value_parser = parse_trust_domain)]
+    trust_domain: String,
+
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -190,7 +195,24 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
         } else {
             args.values_namespaces.clone()
         },
+        trust_domain: args.trust_domain.clone(),
     })
+}
+
+/// A SPIFFE trust domain: lowercase letters, digits, `.`, `-` and `_` (the SPIFFE ID spec).
+fn parse_trust_domain(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 255 {
+        return Err("must be 1 to 255 characters".into());
+    }
+    match s
+        .chars()
+        .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '.' | '-' | '_'))
+    {
+        Some(c) => Err(format!(
+            "{c:?} is not allowed: a trust domain holds only lowercase letters, digits, '.', '-' and '_'"
+        )),
+        None => Ok(s.to_owned()),
+    }
 }
 
 /// Unique per process, so two replicas on one host never share an identity.
@@ -363,6 +385,20 @@ mod tests {
             parse(&["--probe-interval", "0"]).unwrap().probe_interval,
             None
         );
+    }
+
+    #[test]
+    fn the_trust_domain_is_cluster_local_unless_told_otherwise_and_must_be_a_spiffe_trust_domain() {
+        assert_eq!(parse(&[]).unwrap().trust_domain, "cluster.local");
+        assert_eq!(
+            parse(&["--trust-domain", "prod.example"])
+                .unwrap()
+                .trust_domain,
+            "prod.example"
+        );
+        for bad in ["", "Prod.example", "a/b", "spiffe://x"] {
+            assert!(parse(&["--trust-domain", bad]).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
