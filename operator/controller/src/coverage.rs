@@ -29,6 +29,10 @@ pub use crate::status::COVERAGE_MANAGER;
 /// One counting pass at most this often, so pod churn costs at most one status write per policy
 /// per period, and an idle cluster none.
 pub const PERIOD: Duration = Duration::from_secs(5);
+/// A count that only moved (no pod newly missed, not the last outdated pod gone) is written at
+/// most this often: during a rollout the counts move every pass, and a write per pass was a tenth
+/// of a write per pod updated in place.
+pub const SETTLING_INTERVAL: Duration = Duration::from_secs(15);
 /// Missed pods named in an Event.
 const EXAMPLES: usize = 5;
 
@@ -172,7 +176,7 @@ impl Loop for Counting {
 
     /// Counts every policy when anything it depends on changed; writes the counts that differ
     /// from the known ones.
-    fn pass(&mut self, view: &Snapshot, _now: Now) -> Pass<Infallible> {
+    fn pass(&mut self, view: &Snapshot, now: Now) -> Pass<Infallible> {
         let seen = seen(view);
         if self.last_seen.as_ref() == Some(&seen) {
             return Pass::default();
@@ -192,6 +196,17 @@ impl Loop for Counting {
             let known = view
                 .status(Owner::Coverage, &policy)
                 .and_then(|s| s.coverage);
+            let recent = view
+                .written_at
+                .get(c.name())
+                .is_some_and(|at| now.at.saturating_duration_since(*at) < SETTLING_INTERVAL);
+            if recent && known.is_some_and(|k| !urgent(&k, &n.coverage)) {
+                if known != Some(n.coverage) {
+                    // Held back: count again next tick, whatever changes.
+                    self.last_seen = None;
+                }
+                continue;
+            }
             writes.extend(write_of(&policy, known, &n));
         }
         self.compiled.retain(|name, _| gauges.contains_key(name));
@@ -217,6 +232,12 @@ impl Loop for Counting {
             metrics.set_coverage(gauges);
         }
     }
+}
+
+/// Whether `now` must be written at once rather than with the next settled count: a pod newly
+/// missed (its Warning goes with the write), or every selected pod current again.
+fn urgent(known: &Coverage, now: &Coverage) -> bool {
+    now.missed > known.missed || (now.outdated == 0 && known.outdated > 0)
 }
 
 /// The write `n` comes to for `policy` whose known coverage is `known`: none when it says the
@@ -525,6 +546,36 @@ mod tests {
         };
         assert_eq!(w.slice.coverage.map(|c| c.missed), Some(2));
         assert!(w.then.is_none());
+    }
+
+    #[test]
+    fn a_count_that_only_moved_waits_for_the_settling_interval_a_newly_missed_pod_does_not() {
+        let written = |ago: Duration| {
+            let now = now();
+            let mut v = view(cached_policy(Some(missing(3, 3))), missed_two());
+            v.written_at.insert("mesh".into(), now.at - ago);
+            (v, now)
+        };
+        let mut c = Counting::new("splice-system");
+        let (v, at) = written(Duration::from_secs(1));
+        assert!(c.pass(&v, at).writes.is_empty(), "held back");
+        let (v, at) = written(Duration::from_secs(2));
+        assert!(
+            c.pass(&v, at).writes.is_empty() && c.gauges.is_some(),
+            "counted again on the next tick though nothing changed"
+        );
+        let (v, at) = written(SETTLING_INTERVAL);
+        assert_eq!(c.pass(&v, at).writes.len(), 1, "written once settled");
+
+        let mut c = Counting::new("splice-system");
+        let mut v = view(cached_policy(Some(missing(2, 1))), missed_two());
+        let at = now();
+        v.written_at.insert("mesh".into(), at.at);
+        let pass = c.pass(&v, at);
+        assert!(
+            pass.writes.len() == 1 && pass.writes[0].then.is_some(),
+            "a newly missed pod is written and warned at once"
+        );
     }
 
     #[test]
