@@ -578,6 +578,25 @@ fn entries_of(policies: &[PolicyInput]) -> BTreeMap<String, EntryReport> {
     out
 }
 
+/// What brings an outdated pod to the current template: the rollout's paths where every
+/// outdated policy has one (`restart` under `InPlace` restarts nothing), else a recreation.
+fn outdated_remedy(report: &Report) -> &'static str {
+    let paths: Vec<&str> = report
+        .policies
+        .iter()
+        .filter(|p| matches!(p.injection, InjectionState::Outdated { .. }))
+        .map(|p| p.rollout_path.as_ref().map_or("", |r| r.label))
+        .collect();
+    let all = |labels: &[&str]| paths.iter().all(|p| labels.contains(p));
+    if all(&["metadata", "image", "resize"]) {
+        "the rollout updates it in place, see below"
+    } else if !paths.contains(&"") {
+        "spec.rollout's path for it is below"
+    } else {
+        "recreate the pod to pick up the current template"
+    }
+}
+
 fn render_table(report: &Report) -> String {
     let mut out = String::new();
     // A policy that selects the pod but left nothing on it is the case users ask about most
@@ -589,7 +608,7 @@ fn render_table(report: &Report) -> String {
         .map(|p| p.name.as_str())
         .collect();
     let verdict = if report.outdated {
-        "injection OUTDATED (recreate the pod to pick up the current template)".to_owned()
+        format!("injection OUTDATED ({})", outdated_remedy(report))
     } else if !missing.is_empty() {
         format!(
             "NOT injected by {} although selected (admitted while the webhook was unreachable, \
@@ -1261,6 +1280,10 @@ mod tests {
         let path = r.policies[0].rollout_path.as_ref().unwrap();
         assert_eq!(path.label, "image");
         let table = render_table(&r);
+        assert!(
+            table.contains("injection OUTDATED (the rollout updates it in place, see below)"),
+            "{table}"
+        );
         assert!(
             table.contains("mesh: rollout path: in place: image of proxy proxy:1 -> proxy:2"),
             "{table}"

@@ -1172,6 +1172,34 @@ mod tests {
     }
 
     #[test]
+    fn a_new_leader_finds_a_pod_updated_mid_stage_by_its_marker_and_proves_it_never_updates_it_again()
+     {
+        let revision = view::revision(&compiled("Auto"));
+        let mut updated = outdated_pod();
+        updated.injected = vec![("mesh".to_owned(), revision.clone())];
+        updated.in_place = vec![("mesh".to_owned(), revision.clone(), Some(Timestamp::now()))];
+        let mut v = view("Auto", None);
+        v.pods = Arc::new(vec![Arc::new(updated)]);
+        // A replica that never saw this rollout: nothing in its memory.
+        let mut r = rollout();
+        let pass = r.decide(&v, Now::current());
+        assert!(
+            pass.acts.is_empty(),
+            "not updated again: {:?}",
+            pass.acts.len()
+        );
+        let [Look::Prove(p)] = pass.looks.as_slice() else {
+            panic!("its proof to read, nothing to sort")
+        };
+        assert_eq!(p.pod, pod_key());
+        let s = pass.writes[0].slice.rollout.as_ref().unwrap();
+        assert_eq!((s.updating, s.updated_in_place), (1, 0));
+        r.judged(vec![Seen::Proved(p.clone(), Box::new(marked(&revision)))]);
+        let next = r.decide(&v, Now::current());
+        assert!(next.acts.is_empty() && next.looks.is_empty());
+    }
+
+    #[test]
     fn the_events_that_follow_a_write_go_with_a_failed_one() {
         let mut r = rollout();
         let mut v = view("Restart", None);

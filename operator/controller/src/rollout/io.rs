@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -15,7 +16,7 @@ use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use super::decide::{InPlace, recorded_version};
 use super::plan::{self, PodRef, WorkloadRef};
-use super::pods::{self, Sorted};
+use super::pods::{self, RESIZE_UNSERVED, Sorted};
 use super::{Caches, dry_run, restart, template_of, what_failed};
 use crate::leader::Leadership;
 
@@ -29,6 +30,8 @@ pub struct Io {
     pub(super) exclusions: Exclusions,
     /// Checked before each write of an act that makes several.
     pub(super) leading: Leadership,
+    /// Set by the first resize the API server does not serve: later ones restart at once.
+    pub(super) resize_unserved: AtomicBool,
 }
 
 /// A policy's revision, as an act names it.
@@ -193,9 +196,15 @@ async fn update_planned(
                 continue;
             }
         };
+        let recorded = || recorded_version(&pod, &of.name);
         if !change.path.in_place() {
-            let recorded = recorded_version(&pod, &of.name);
-            let sorted = Sorted::of(&of.revision, &recorded, &change.path);
+            let sorted = Sorted::of(&of.revision, &recorded(), &change.path);
+            out.push((id, Updated::NotInPlace(sorted)));
+            continue;
+        }
+        let resize = matches!(change.path, Path::Resize(_));
+        if resize && io.resize_unserved.load(Ordering::Relaxed) {
+            let sorted = Sorted::resize_unserved(&of.revision, &recorded());
             out.push((id, Updated::NotInPlace(sorted)));
             continue;
         }
@@ -205,9 +214,15 @@ async fn update_planned(
         match pods::write(&io.client, &id, &pod, &change, &of.name, &of.revision).await {
             Ok(()) => {
                 tracing::info!(policy = %of.name, pod = %id, path = %change.path, "rollout: updated in place");
-                let resize = matches!(change.path, Path::Resize(_));
                 let at = Timestamp::now();
                 out.push((id, Updated::Written { resize, at }));
+            }
+            Err(e) if e.resize_unserved() => {
+                if !io.resize_unserved.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "rollout: {RESIZE_UNSERVED}: resizes restart the pods' workloads instead");
+                }
+                let sorted = Sorted::resize_unserved(&of.revision, &recorded());
+                out.push((id, Updated::NotInPlace(sorted)));
             }
             Err(e) => {
                 tracing::warn!(error = %e, label = e.label(), "rollout: not updated");

@@ -19,6 +19,7 @@ pub mod pods;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -132,6 +133,7 @@ pub async fn run(config: Config, inputs: Inputs) {
         },
         exclusions: Exclusions::default_for(&config.splice_namespace),
         leading: inputs.leading.clone(),
+        resize_unserved: AtomicBool::new(false),
     };
     let rollout = Rollout::new(&config.splice_namespace, config.max_concurrent);
     tokio::select! {

@@ -40,6 +40,18 @@ impl PodError {
             PodError::Update { source: kube::Error::Api(s), .. }
                 | PodError::Resize { source: kube::Error::Api(s), .. }
                 if s.code == 409 || s.code == 404
+        ) && !self.resize_unserved()
+    }
+}
+
+impl PodError {
+    /// The API server does not serve `pods/resize` (a 404 that names no pod: the pod itself was
+    /// just read).
+    pub fn resize_unserved(&self) -> bool {
+        matches!(
+            self,
+            PodError::Resize { source: kube::Error::Api(s), .. }
+                if s.code == 404 && s.details.as_ref().is_none_or(|d| d.name.is_empty())
         )
     }
 }
@@ -56,6 +68,16 @@ pub struct Sorted {
 }
 
 impl Sorted {
+    /// A resize the API server cannot take: the pod's workload restarts instead.
+    pub fn resize_unserved(revision: &str, recorded: &str) -> Self {
+        Sorted {
+            revision: revision.to_owned(),
+            recorded: recorded.to_owned(),
+            path: PodPath::Restart,
+            why: format!("restart: {RESIZE_UNSERVED}"),
+        }
+    }
+
     pub fn of(revision: &str, recorded: &str, path: &Path) -> Self {
         Sorted {
             revision: revision.to_owned(),
@@ -69,6 +91,9 @@ impl Sorted {
         }
     }
 }
+
+/// Why a resize falls back to a restart on an API server without the subresource.
+pub const RESIZE_UNSERVED: &str = "the API server does not serve pods/resize";
 
 pub async fn read(client: &Client, pod: &PodRef) -> Result<Option<Pod>, PodError> {
     Api::<Pod>::namespaced(client.clone(), &pod.namespace)
@@ -228,6 +253,28 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use serde_json::json;
+
+    fn resize_failed(status: serde_json::Value) -> PodError {
+        PodError::Resize {
+            pod: PodRef {
+                namespace: "shop".into(),
+                name: "p".into(),
+            },
+            source: kube::Error::Api(Box::new(serde_json::from_value(status).unwrap())),
+        }
+    }
+
+    #[test]
+    fn a_404_naming_no_pod_means_the_api_server_lacks_pods_resize_one_naming_it_a_pod_gone() {
+        let unserved = resize_failed(json!({"code": 404, "reason": "NotFound",
+            "message": "the server could not find the requested resource"}));
+        assert!(unserved.resize_unserved() && !unserved.stale());
+        let gone = resize_failed(json!({"code": 404, "reason": "NotFound",
+            "message": "pods \"p\" not found", "details": {"name": "p", "kind": "pods"}}));
+        assert!(!gone.resize_unserved() && gone.stale());
+        let conflict = resize_failed(json!({"code": 409, "reason": "Conflict"}));
+        assert!(!conflict.resize_unserved() && conflict.stale());
+    }
 
     fn pod(status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({
