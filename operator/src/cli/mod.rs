@@ -116,7 +116,7 @@ fn invoked_as_kubectl_plugin(program: Option<&OsString>) -> bool {
 #[derive(Subcommand)]
 enum Command {
     /// Run the controller (leader only), the webhook server and the admin server.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Apply policies offline to manifests (the GitOps path).
     Inject(inject::Args),
     /// Replay the API server's mutating chain for a pod.
@@ -150,7 +150,7 @@ impl Cli {
     pub fn run(self) -> ExitCode {
         let cluster = &self.cluster;
         match self.command {
-            Command::Run(args) => run::main(args, cluster),
+            Command::Run(args) => run::main(*args, cluster),
             Command::Inject(args) => inject::main(args),
             Command::Simulate(args) => simulate::main(args),
             Command::Webhook(args) => webhook::main(args),
