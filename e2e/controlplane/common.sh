@@ -16,6 +16,19 @@ API_RELAY_PORT=$((PORT_BASE + 42))         # pods' way to the API server, on the
 
 die() { echo "error: $*" >&2; exit 1; }
 
+# Pod certificates (KEP-4317) and ClusterTrustBundles: beta and off by default in 1.36, on here
+# unless SPLICE_POD_CERTIFICATES=0, so a test can also see a cluster without them. The gates go to
+# the API server, the controller-manager (its PodCertificateRequest cleaner and ClusterTrustBundle
+# publisher) and the kubelet; the beta API versions must be served explicitly as well.
+POD_CERTIFICATES=${SPLICE_POD_CERTIFICATES:-1}
+POD_CERTIFICATE_GATES="PodCertificateRequest=true,ClusterTrustBundle=true,ClusterTrustBundleProjection=true"
+POD_CERTIFICATE_RUNTIME_CONFIG="certificates.k8s.io/v1beta1/podcertificaterequests=true,certificates.k8s.io/v1beta1/clustertrustbundles=true"
+pod_certificates_enabled() { [ "$POD_CERTIFICATES" != 0 ]; }
+# What the running control plane was started with, one KEY=VALUE a line: tests read it, and a
+# second `make up` compares against it.
+FEATURES_FILE="$RUN_DIR/features"
+features_wanted() { echo "pod-certificates=$(pod_certificates_enabled && echo 1 || echo 0)"; }
+
 recorded_pids() { cat "$RUN_DIR"/pids/*.pid 2>/dev/null || true; }
 
 any_recorded_process_alive() {

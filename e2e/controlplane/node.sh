@@ -273,6 +273,14 @@ imageGCLowThresholdPercent: 99
 maxPods: 60
 serializeImagePulls: false
 EOF
+  # The podCertificate and clusterTrustBundle projected sources are the kubelet's to fill.
+  if pod_certificates_enabled; then
+    printf 'featureGates:\n' >> "$k/config.yaml"
+    local gate
+    for gate in ${POD_CERTIFICATE_GATES//,/ }; do
+      printf '  %s: %s\n' "${gate%=*}" "${gate#*=}" >> "$k/config.yaml"
+    done
+  fi
   launch kubelet "$BIN_DIR/kubelet" --config "$k/config.yaml" --kubeconfig "$k/kubeconfig" \
     --root-dir "$k/root" --cert-dir "$k/root/pki" \
     --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \

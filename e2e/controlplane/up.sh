@@ -9,7 +9,9 @@
 #        SPLICE_APISERVER_ARGS (extra kube-apiserver flags, split on spaces; e.g. an audit log),
 #        SPLICE_REAL_NODE=0 (no real node: kwok nodes only, no root needed),
 #        SPLICE_KWOK_EXTRA_CONFIG (a file of further kwok Stages, loaded after the standard ones;
-#        e.g. e2e/bench/kwok-in-place-stage.yaml)
+#        e.g. e2e/bench/kwok-in-place-stage.yaml),
+#        SPLICE_POD_CERTIFICATES=0 (no PodCertificateRequest / ClusterTrustBundle gates and APIs;
+#        on by default). The choice is recorded in $SPLICE_RUN_DIR/features.
 #
 # The admin kubeconfig is written to $SPLICE_RUN_DIR/kubeconfig.
 set -euo pipefail
@@ -22,7 +24,11 @@ source "$here/node.sh"
 BIN_DIR=$("$here/build.sh" --print-bin-dir)
 if [ -d "$RUN_DIR" ]; then
   if any_recorded_process_alive; then
-    die "a control plane is already running from $RUN_DIR (pids: $(recorded_pids | tr '\n' ' ')); run 'make down' first"
+    running=$(cat "$FEATURES_FILE" 2>/dev/null || echo "unrecorded")
+    if [ "$running" != "$(features_wanted)" ]; then
+      die "a control plane is already running from $RUN_DIR with $running, but $(features_wanted) was asked for (SPLICE_POD_CERTIFICATES); run 'make down' first"
+    fi
+    die "a control plane is already running from $RUN_DIR ($running; pids: $(recorded_pids | tr '\n' ' ')); run 'make down' first"
   fi
   # A leftover run folder whose processes are all gone (a crashed run, a reboot): remove what its
   # node left outside the folder, then start afresh.
@@ -37,6 +43,12 @@ node_names
 if real_node_enabled; then node_preflight; fi
 
 mkdir -p "$RUN_DIR"/{pki,logs,pids,etcd}
+features_wanted > "$FEATURES_FILE"
+gate_args=() runtime_config_args=()
+if pod_certificates_enabled; then
+  gate_args=(--feature-gates "$POD_CERTIFICATE_GATES")
+  runtime_config_args=(--runtime-config "$POD_CERTIFICATE_RUNTIME_CONFIG")
+fi
 start=$SECONDS
 # Any failure (a failed command or a `die`) stops what was started, the node's network included.
 finished=0
@@ -137,6 +149,7 @@ launch kube-apiserver "$BIN_DIR/kube-apiserver" \
   --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
   --kubelet-certificate-authority "$pki/ca.crt" \
   --kubelet-preferred-address-types InternalIP \
+  ${gate_args[@]+"${gate_args[@]}"} ${runtime_config_args[@]+"${runtime_config_args[@]}"} \
   ${SPLICE_APISERVER_ARGS:-}
 wait_for kube-apiserver 120 kubectl_admin get --raw /readyz
 
@@ -153,6 +166,7 @@ launch kube-controller-manager "$BIN_DIR/kube-controller-manager" \
   --controllers '*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller' \
   --flex-volume-plugin-dir "$RUN_DIR/flexvolume" \
   --concurrent-deployment-syncs 10 --concurrent-replicaset-syncs 10 \
+  ${gate_args[@]+"${gate_args[@]}"} \
   --profiling=false
 launch kube-scheduler "$BIN_DIR/kube-scheduler" \
   --kubeconfig "$RUN_DIR/scheduler.kubeconfig" \
