@@ -223,6 +223,7 @@ impl Context<'_> {
             operation: Operation::Create,
             namespace: &namespace,
             exclusions: &exclusions,
+            trust_domain: &self.args.namespace.trust_domain,
         };
         let entries = offline::entries(self.policies, &self.args.namespace.splice_namespace);
         let (result, steps) = offline::run_chain(self.policies, &entries, pod.clone(), admission)

@@ -691,6 +691,10 @@ pub(crate) struct NamespaceArgs {
     /// cluster, e.g. `kubectl get injectionpolicy -o yaml`).
     #[arg(long, value_enum, default_value_t = Revision::InForce)]
     pub revision: Revision,
+    /// The SPIFFE trust domain `{{ identity.spiffeID }}` names, as `splice run --trust-domain`.
+    #[arg(long, value_name = "DOMAIN", default_value = splice_engine::identity::DEFAULT_TRUST_DOMAIN,
+        value_parser = super::run::parse_trust_domain)]
+    pub trust_domain: String,
 }
 
 /// The revision of a policy the offline commands render.
@@ -803,6 +807,7 @@ pub(crate) struct Admission<'a> {
     pub operation: Operation,
     pub namespace: &'a NamespaceContext,
     pub exclusions: &'a Exclusions,
+    pub trust_domain: &'a str,
 }
 
 /// One call of a webhook entry, as the API server makes it.
@@ -841,6 +846,7 @@ pub(crate) fn call_entry(
         object: &pod,
         namespace: admission.namespace,
         exclusions: admission.exclusions,
+        trust_domain: admission.trust_domain,
         selection: Selection::Evaluate,
     };
     let compiled: Vec<&CompiledPolicy> = members.iter().map(|&i| &policies[i].compiled).collect();

@@ -200,7 +200,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
 }
 
 /// A SPIFFE trust domain: lowercase letters, digits, `.`, `-` and `_` (the SPIFFE ID spec).
-fn parse_trust_domain(s: &str) -> Result<String, String> {
+pub(crate) fn parse_trust_domain(s: &str) -> Result<String, String> {
     if s.is_empty() || s.len() > 255 {
         return Err("must be 1 to 255 characters".into());
     }

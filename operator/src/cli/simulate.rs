@@ -75,6 +75,7 @@ fn run(args: &Args) -> Result<(String, ExitCode, Vec<String>), InputError> {
         operation: Operation::Create,
         namespace: &namespace,
         exclusions: &exclusions,
+        trust_domain: &args.namespace.trust_domain,
     };
 
     let mut out = String::new();

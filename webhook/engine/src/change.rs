@@ -545,6 +545,7 @@ mod tests {
             object: &Pod::parse(&text).unwrap(),
             namespace: &ns,
             exclusions: &ex,
+            trust_domain: crate::identity::DEFAULT_TRUST_DOMAIN,
             selection: Selection::Evaluate,
         };
         sort(policy, &req).unwrap()

@@ -98,6 +98,7 @@ impl CompiledPolicy {
                 ),
             ));
         }
+        identity::check(spec).map_err(|(field, message)| invalid(field, message))?;
         for (list, key) in [
             ("labels", &spec.template.labels),
             ("annotations", &spec.template.annotations),

@@ -55,6 +55,8 @@ pub struct PodRequest<'a> {
     pub object: &'a Pod<'a>,
     pub namespace: &'a NamespaceContext,
     pub exclusions: &'a Exclusions,
+    /// The SPIFFE trust domain of the run (`--trust-domain`), for `{{ identity.spiffeID }}`.
+    pub trust_domain: &'a str,
     /// Whether the policy's selectors are decided here or were decided by the API server.
     pub selection: Selection,
 }
@@ -272,18 +274,22 @@ fn render<'p>(
 ) -> Result<template::Rendered<'p>, EngineError> {
     let deps = policy.templates.deps;
     let ctx = if deps.pod || deps.namespace {
-        let pod = if deps.pod {
+        let ns = request.namespace;
+        let (pod, identity) = if deps.pod {
             let mut value = parse_value(request.object.text)?;
             // Templates see the pod as it was before this policy's injection, so a template that
             // reads the pod renders the same on its own output.
             if let Some(mine) = &status.mine {
                 strip_for_render(&mut value, &policy.name, mine);
             }
-            JValue::from_serialize(&value)
+            let identity = match &policy.spec.identity {
+                Some(_) => identity::context(request.trust_domain, &ns.name, &value),
+                None => JValue::UNDEFINED,
+            };
+            (JValue::from_serialize(&value), identity)
         } else {
-            JValue::UNDEFINED
+            (JValue::UNDEFINED, JValue::UNDEFINED)
         };
-        let ns = request.namespace;
         let namespace = if deps.namespace {
             minijinja::context! {
                 name => ns.name.as_str(),
@@ -296,6 +302,7 @@ fn render<'p>(
         minijinja::context! {
             pod => pod,
             namespace => namespace,
+            identity => identity,
             policy => policy.policy_ctx.clone(),
             values => policy.values_ctx.clone(),
         }
@@ -432,6 +439,7 @@ mod tests {
             object: &Pod::parse(&text).unwrap(),
             namespace: &ns,
             exclusions: &ex,
+            trust_domain: identity::DEFAULT_TRUST_DOMAIN,
             selection: Selection::Evaluate,
         };
         match inject(policy, &req).unwrap() {

@@ -128,6 +128,16 @@ impl CompiledPolicy {
                     .into(),
             });
         }
+        if self.spec.identity.is_some() {
+            return Err(WebhookOnly {
+                field: "spec.identity".into(),
+                expression: None,
+                reason: "pod identity is injected by the webhook only: `identity.spiffeID` \
+                         needs the run's trust domain, and the in-tree CEL is not proven equal \
+                         to the webhook's patch for the identity volumes"
+                    .into(),
+            });
+        }
         if self.spec.operations.contains(&Operation::Update) {
             return Err(WebhookOnly {
                 field: "spec.operations".into(),

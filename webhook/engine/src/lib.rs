@@ -13,6 +13,7 @@ pub mod entry;
 mod error;
 pub mod explain;
 mod facts;
+pub mod identity;
 mod inject;
 pub mod intree;
 mod patch;

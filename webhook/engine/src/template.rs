@@ -1,5 +1,5 @@
 //! Policy templates: every string in the injected content may hold `{{ … }}` expressions over
-//! `pod`, `namespace`, `policy` and `values`.
+//! `pod`, `namespace`, `policy` and `values`, and `identity` when the policy has `spec.identity`.
 //!
 //! Each templated string is compiled once, under its field path, in a sandboxed minijinja
 //! environment (bounded fuel, bounded output, strict undefined: a missing name is an error, never
@@ -30,6 +30,8 @@ pub const MAX_RENDERED_LEN: usize = 64 * 1024;
 /// Names a template may read at its top level. `range` and `dict` are minijinja's own global
 /// functions; `namespace()` and `debug()` are removed so `namespace` is always the pod's namespace.
 const ALLOWED_NAMES: [&str; 6] = ["pod", "namespace", "policy", "values", "range", "dict"];
+/// The name a template may read only when the policy has `spec.identity`.
+const IDENTITY_NAME: &str = "identity";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Deps {
@@ -429,6 +431,7 @@ impl Templates {
             deps: Deps::default(),
             secrets: secret_fields(spec, data),
             probes: None,
+            identity: spec.identity.is_some(),
         };
         if !c.secrets.is_empty() {
             let probe = |p| {
@@ -440,7 +443,7 @@ impl Templates {
             env.add_filter("sha256", |_: JValue| "sha256".to_owned());
             c.probes = Some((env, probe(SECRET_PROBES[0]), probe(SECRET_PROBES[1])));
         }
-        let t = &spec.template;
+        let t = crate::identity::template(spec);
         let init_containers =
             c.items(&t.init_containers, "spec.template.initContainers", "name")?;
         let containers = c.items(&t.containers, "spec.template.containers", "name")?;
@@ -593,6 +596,7 @@ impl Templates {
         let ctx = minijinja::context! {
             pod => lacking("pod"),
             namespace => lacking("namespace"),
+            identity => lacking(IDENTITY_NAME),
             ..statics.clone()
         };
         render_one(&self.env, hole, &ctx).is_ok()
@@ -681,6 +685,8 @@ struct Compiler {
     /// With Secret-fed values: an environment whose `sha256` is a constant, and two contexts
     /// with different stand-ins for those values.
     probes: Option<(Environment<'static>, JValue, JValue)>,
+    /// The policy has `spec.identity`, so templates may read `identity`.
+    identity: bool,
 }
 
 impl Compiler {
@@ -831,13 +837,21 @@ impl Compiler {
         let mut top: Vec<String> = tmpl.undeclared_variables(false).into_iter().collect();
         top.sort();
         for name in &top {
-            if !ALLOWED_NAMES.contains(&name.as_str()) {
+            let identity = self.identity && name == IDENTITY_NAME;
+            if !ALLOWED_NAMES.contains(&name.as_str()) && !identity {
+                let without = if name == IDENTITY_NAME {
+                    "; identity needs spec.identity"
+                } else {
+                    ""
+                };
                 return Err(err(format!(
-                    "unknown variable '{name}' (templates may read pod, namespace, policy and values)"
+                    "unknown variable '{name}' (templates may read pod, namespace, policy and \
+                     values{without})"
                 )));
             }
-            deps.pod |= name == "pod";
-            deps.namespace |= name == "namespace";
+            // The SPIFFE ID is the pod's namespace and service account.
+            deps.pod |= name == "pod" || identity;
+            deps.namespace |= name == "namespace" || identity;
         }
         let mut vars: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
         vars.sort();
@@ -917,14 +931,15 @@ pub(crate) fn first_duplicate<'a>(names: impl IntoIterator<Item = &'a str>) -> O
 }
 
 /// Stable hash of what decides the injected content: sha256 over canonical JSON (object keys
-/// sorted, no whitespace) of the policy name, template and values; 16 hex digits.
+/// sorted, no whitespace) of the policy name, template (with `spec.identity`'s volumes and mounts)
+/// and values; 16 hex digits.
 pub(crate) fn template_hash(
     name: &str,
     spec: &InjectionPolicySpec,
 ) -> Result<String, serde_json::Error> {
     let doc = serde_json::json!({
         "name": name,
-        "template": serde_json::to_value(&spec.template)?,
+        "template": serde_json::to_value(crate::identity::template(spec))?,
         "values": serde_json::to_value(&spec.values)?,
     });
     let mut canonical = Vec::new();

@@ -233,6 +233,7 @@ mod tests {
             object: &crate::Pod::parse(pod).unwrap(),
             namespace: &ns,
             exclusions: &ex,
+            trust_domain: crate::identity::DEFAULT_TRUST_DOMAIN,
             selection: crate::Selection::Evaluate,
         };
         match inject(&policy, &request) {

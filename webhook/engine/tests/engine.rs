@@ -446,6 +446,7 @@ spec:
             object: &splice_engine::Pod::parse(&pod).unwrap(),
             namespace: &ns("shop"),
             exclusions: &ex,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection: splice_engine::Selection::Evaluate,
         },
     )
@@ -516,6 +517,7 @@ spec:
             object: &splice_engine::Pod::parse(&pod).unwrap(),
             namespace: &ns("shop"),
             exclusions: &ex,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection: splice_engine::Selection::Evaluate,
         },
     )
@@ -629,6 +631,7 @@ fn malformed_objects_are_errors_not_panics() {
                     object: &pod,
                     namespace: &ns("shop"),
                     exclusions: &ex,
+                    trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
                     selection: splice_engine::Selection::Evaluate,
                 },
             )
@@ -650,6 +653,7 @@ fn every_list_the_engine_reads_must_be_an_array_or_null() {
                     object: &pod,
                     namespace: &ns("shop"),
                     exclusions: &ex,
+                    trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
                     selection: splice_engine::Selection::Evaluate,
                 },
             )
@@ -735,6 +739,7 @@ spec:
             object: &splice_engine::Pod::parse(&pod).unwrap(),
             namespace: &namespace,
             exclusions: &ex,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection: splice_engine::Selection::Evaluate,
         },
     )

@@ -76,6 +76,7 @@ fn chain(
             object: &object,
             namespace: &namespace,
             exclusions: &ex,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection,
         },
     );

@@ -498,7 +498,7 @@ proptest! {
         let shop = ns("shop");
         for object in [text.as_str(), json_like.as_str()] {
             let Ok(pod) = Pod::parse(object) else { continue };
-            let req = PodRequest { operation: Operation::Create, object: &pod, namespace: &shop, exclusions: &ex , selection: Selection::Evaluate };
+            let req = PodRequest { operation: Operation::Create, object: &pod, namespace: &shop, exclusions: &ex, trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN, selection: Selection::Evaluate };
             if let Ok((Decision::Inject(i), out)) = inject_and_apply(&policy, &req) {
                 let ops: json_patch::Patch = serde_json::from_slice(&i.patch).unwrap();
                 let mut doc: Value = serde_json::from_str(object).unwrap();
@@ -534,7 +534,7 @@ proptest! {
             let op = if *update { Operation::Update } else { Operation::Create };
             let text = pod.to_string();
             let pod = Pod::parse(&text).unwrap();
-            let req = PodRequest { operation: op, object: &pod, namespace: &shop, exclusions: &ex , selection: Selection::Evaluate };
+            let req = PodRequest { operation: op, object: &pod, namespace: &shop, exclusions: &ex, trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN, selection: Selection::Evaluate };
             let fresh = compile("p", &spec);
             let expected = format!("{:?}", inject(&fresh, &req));
             // Twice: planned (or kept from an earlier pod), then surely kept.

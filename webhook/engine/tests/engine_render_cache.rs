@@ -114,6 +114,7 @@ fn a_rendering_error_is_reported_on_every_request_not_only_the_first() {
                 object: &splice_engine::Pod::parse(&text).unwrap(),
                 namespace: &no_team,
                 exclusions: &ex,
+                trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
                 selection: Selection::Evaluate,
             },
         )

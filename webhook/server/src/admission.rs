@@ -602,6 +602,7 @@ mod tests {
             object,
             namespace: &namespace,
             exclusions: &exclusions,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection: splice_engine::Selection::Evaluate,
         };
         let online = splice_engine::inject(&policy, &request(&object)).unwrap_err();

@@ -275,6 +275,8 @@ fn would_inject(
         object: &parsed,
         namespace,
         exclusions,
+        // Only whether something is injected matters here, never a rendered SPIFFE ID.
+        trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         selection: splice_engine::Selection::Evaluate,
     };
     match splice_engine::inject(policy, &request) {

@@ -44,6 +44,8 @@ type PodWrite = (String, String, Timestamp);
 /// read of the pods it sorts and proves.
 pub struct Rollout {
     exclusions: Exclusions,
+    /// The run's SPIFFE trust domain (see [`pods::sort`]).
+    trust_domain: String,
     /// Cluster-wide cap on workloads restarting at once.
     max_concurrent: usize,
     /// What this replica restarted, until its cache shows it: (restartedFor, restartedAt).
@@ -292,9 +294,10 @@ pub fn namespace_context(
 }
 
 impl Rollout {
-    pub fn new(splice_namespace: &str, max_concurrent: usize) -> Self {
+    pub fn new(splice_namespace: &str, max_concurrent: usize, trust_domain: &str) -> Self {
         Rollout {
             exclusions: Exclusions::default_for(splice_namespace),
+            trust_domain: trust_domain.to_owned(),
             max_concurrent,
             written: HashMap::new(),
             verified: HashSet::new(),
@@ -696,7 +699,13 @@ impl Rollout {
     }
 
     fn sort(&mut self, p: &InPlace, recorded: &str, pod: &Pod) {
-        match pods::sort(&p.compiled, pod, &p.namespace, &self.exclusions) {
+        match pods::sort(
+            &p.compiled,
+            pod,
+            &p.namespace,
+            &self.exclusions,
+            &self.trust_domain,
+        ) {
             Ok(change) => {
                 tracing::debug!(pod = %p.pod, path = %change.path, "rollout: sorted");
                 let sorted = Sorted::of(&p.revision, recorded, &change.path);
@@ -909,7 +918,11 @@ mod tests {
     }
 
     fn rollout() -> Rollout {
-        Rollout::new("splice-system", 10)
+        Rollout::new(
+            "splice-system",
+            10,
+            splice_engine::identity::DEFAULT_TRUST_DOMAIN,
+        )
     }
 
     fn pod_key() -> PodRef {

@@ -28,6 +28,7 @@ pub struct Io {
     pub(super) client: Client,
     pub(super) caches: Caches,
     pub(super) exclusions: Exclusions,
+    pub(super) trust_domain: String,
     /// Checked before each write of an act that makes several.
     pub(super) leading: Leadership,
     /// Set by the first resize the API server does not serve: later ones restart at once.
@@ -188,7 +189,7 @@ async fn update_planned(
                 continue;
             }
         };
-        let change = match pods::sort(compiled, &pod, &ns, &io.exclusions) {
+        let change = match pods::sort(compiled, &pod, &ns, &io.exclusions, &io.trust_domain) {
             Ok(change) => change,
             Err(message) => {
                 let e = pods::PodError::Sort { pod: id, message };
@@ -245,7 +246,13 @@ async fn record(io: &Io, p: InPlace) -> Seen {
             return Seen::Recorded(p, None);
         }
     };
-    let Ok(change) = pods::sort(&p.compiled, &pod, &p.namespace, &io.exclusions) else {
+    let Ok(change) = pods::sort(
+        &p.compiled,
+        &pod,
+        &p.namespace,
+        &io.exclusions,
+        &io.trust_domain,
+    ) else {
         return Seen::Recorded(p, None);
     };
     let records = change.path.in_place() && !matches!(change.path, Path::Resize(_));

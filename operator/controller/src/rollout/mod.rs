@@ -98,6 +98,8 @@ pub struct Config {
     pub splice_namespace: String,
     /// Cluster-wide cap on workloads restarting at once.
     pub max_concurrent: usize,
+    /// The run's SPIFFE trust domain, for the renderings an in-place update writes.
+    pub trust_domain: String,
 }
 
 /// The workload caches, each a reflector of the term.
@@ -132,10 +134,15 @@ pub async fn run(config: Config, inputs: Inputs) {
             budgets,
         },
         exclusions: Exclusions::default_for(&config.splice_namespace),
+        trust_domain: config.trust_domain.clone(),
         leading: inputs.leading.clone(),
         resize_unserved: AtomicBool::new(false),
     };
-    let rollout = Rollout::new(&config.splice_namespace, config.max_concurrent);
+    let rollout = Rollout::new(
+        &config.splice_namespace,
+        config.max_concurrent,
+        &config.trust_domain,
+    );
     tokio::select! {
         _ = watches => {}
         _ = driver::run(rollout, io, inputs) => {}

@@ -112,6 +112,7 @@ pub fn sort(
     pod: &Pod,
     namespace: &NamespaceContext,
     exclusions: &Exclusions,
+    trust_domain: &str,
 ) -> Result<Change, String> {
     let text = serde_json::to_string(pod).map_err(|e| e.to_string())?;
     let object = splice_engine::Pod::parse(&text).map_err(|e| e.to_string())?;
@@ -120,6 +121,7 @@ pub fn sort(
         object: &object,
         namespace,
         exclusions,
+        trust_domain,
         selection: Selection::Evaluate,
     };
     change::sort(policy, &request).map_err(|e| e.to_string())

@@ -190,6 +190,7 @@ pub(super) fn lead(
         rollout::Config {
             splice_namespace: settings.namespace.clone(),
             max_concurrent: settings.rollout_max_concurrent,
+            trust_domain: settings.trust_domain.clone(),
         },
         inputs(observed.clone()),
     ));

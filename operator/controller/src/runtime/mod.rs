@@ -87,6 +87,7 @@ pub async fn run(
     // this replica before the drain closes them: measured on the real node, a leader pod deleted
     // under 20 creates/s otherwise cost one create an EOF.
     config.shutdown_delay = Duration::from_secs(2);
+    config.trust_domain = settings.trust_domain.clone();
     config.values_scope = Some(splice_server::server::validate::ValuesScope {
         allowed: settings.values_namespaces.clone(),
         default_namespace: settings.namespace.clone(),

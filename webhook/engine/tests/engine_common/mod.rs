@@ -54,6 +54,7 @@ pub fn decide(
             object: &Pod::parse(pod).unwrap(),
             namespace: ns,
             exclusions: &ex,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
             selection: Selection::Evaluate,
         },
     )
@@ -75,6 +76,7 @@ pub fn apply(
         object: &Pod::parse(&text).unwrap(),
         namespace: ns,
         exclusions: &ex,
+        trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         selection: Selection::Evaluate,
     };
     let (decision, mutated) = inject_and_apply(policy, &req).unwrap();

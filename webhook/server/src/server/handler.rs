@@ -378,6 +378,7 @@ impl Handler {
             object,
             namespace: &namespace,
             exclusions: &self.inner.config.exclusions,
+            trust_domain: &self.inner.config.trust_domain,
             selection: selection(&loaded, operation),
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.

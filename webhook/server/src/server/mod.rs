@@ -42,6 +42,8 @@ pub const MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 pub struct WebhookConfig {
     /// Namespaces never injected (kube-system, kube-node-lease, Splice's own).
     pub exclusions: Exclusions,
+    /// The SPIFFE trust domain of `{{ identity.spiffeID }}` (`splice run --trust-domain`).
+    pub trust_domain: String,
     /// Larger bodies get 413, enforced while reading.
     pub max_body_bytes: usize,
     /// How long a keep-alive connection may sit between requests. Longer than the API server's
@@ -84,6 +86,7 @@ impl WebhookConfig {
     pub fn new(own_namespace: &str) -> Self {
         WebhookConfig {
             exclusions: Exclusions::default_for(own_namespace),
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN.into(),
             max_body_bytes: MAX_BODY_BYTES,
             idle_timeout: Duration::from_secs(120),
             header_read_timeout: Duration::from_secs(10),
