@@ -241,6 +241,8 @@ pub(crate) struct Inputs {
     pub pod: Value,
     pub namespace: NamespaceContext,
     pub exclusions: Exclusions,
+    /// The SPIFFE trust domain `{{ identity.spiffeID }}` names.
+    pub trust_domain: String,
     pub policies: Vec<PolicyInput>,
 }
 
@@ -483,7 +485,7 @@ fn rollout_path(
         policy,
         strategy,
         pod,
-        (&inputs.namespace, &inputs.exclusions),
+        (&inputs.namespace, &inputs.exclusions, &inputs.trust_domain),
         in_canary,
     ))
 }
@@ -495,7 +497,7 @@ pub(crate) fn sorted_path(
     policy: &CompiledPolicy,
     strategy: RolloutStrategy,
     pod: &Pod,
-    (namespace, exclusions): (&NamespaceContext, &Exclusions),
+    (namespace, exclusions, trust_domain): (&NamespaceContext, &Exclusions, &str),
     in_canary: bool,
 ) -> PathReport {
     if strategy == RolloutStrategy::Restart {
@@ -511,7 +513,7 @@ pub(crate) fn sorted_path(
             why: "waits: outside the open canary, it moves once the canary is promoted".into(),
         };
     }
-    match pods::sort(policy, pod, namespace, exclusions) {
+    match pods::sort(policy, pod, namespace, exclusions, trust_domain) {
         Ok(change) => PathReport {
             label: change.path.label(),
             why: match (&change.path, strategy) {
@@ -894,6 +896,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
         pod,
         namespace: args.namespace.context(own_namespace.as_deref()),
         exclusions: args.namespace.exclusions(),
+        trust_domain: args.namespace.trust_domain.clone(),
         policies,
     })
 }
@@ -1002,6 +1005,7 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
             annotations: namespace.metadata.annotations.clone().unwrap_or_default(),
         },
         exclusions: args.namespace.exclusions(),
+        trust_domain: args.namespace.trust_domain.clone(),
         policies,
     })
 }
@@ -1117,6 +1121,7 @@ mod tests {
                 ..Default::default()
             },
             exclusions: Exclusions::default_for("splice-system"),
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN.into(),
             policies,
         }
     }

@@ -1412,6 +1412,7 @@ mod tests {
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
             revision: Revision::InForce,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN.into(),
         };
         let ctx = args.context(Some("shop"));
         assert_eq!(ctx.name, "shop");
@@ -1436,6 +1437,7 @@ mod tests {
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
             revision: Revision::InForce,
+            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN.into(),
         };
         assert!(args.validate().is_err());
     }

@@ -28,6 +28,7 @@ use splice_engine::{Exclusions, NamespaceContext, Provenance};
 
 use super::explain::{compile_online, sorted_path, values_data};
 use super::offline::DEFAULT_SPLICE_NAMESPACE;
+use splice_engine::identity::DEFAULT_TRUST_DOMAIN;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -398,7 +399,7 @@ async fn pod_paths(client: &kube::Client, p: &InjectionPolicy) -> anyhow::Result
             &compiled,
             rollout.strategy,
             pod,
-            (&ns, &exclusions),
+            (&ns, &exclusions, DEFAULT_TRUST_DOMAIN),
             !outside,
         );
         outdated.push((pod_id(pod), path.why));

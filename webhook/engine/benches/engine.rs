@@ -100,7 +100,6 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
-            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         };
         let mut shapes = 0..;
         group.bench_with_input(
@@ -121,7 +120,6 @@ fn bench(c: &mut Criterion) {
             object: &injected,
             namespace: &ns,
             exclusions: &exclusions,
-            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         };
         assert!(matches!(req.inject(&sidecar), Ok(Decision::Inject(i)) if !i.changed));
         group.bench_with_input(
@@ -143,7 +141,6 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
-            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         };
         group.bench_with_input(BenchmarkId::new("patch-warm", name), &req, |b, req| {
             b.iter(|| req.inject(&sidecar))
@@ -180,7 +177,6 @@ fn bench(c: &mut Criterion) {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
-            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         };
         group.bench_with_input(BenchmarkId::new("static-sidecar", name), &req, |b, req| {
             b.iter(|| req.inject(&static_policy))
@@ -286,7 +282,6 @@ fn cpu_table() {
             object: pod,
             namespace: &ns,
             exclusions: &exclusions,
-            trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
         };
         let best = |n: u32, f: &mut dyn FnMut(u32)| {
             (0..5)
@@ -343,7 +338,6 @@ fn calls_only(n: u32) {
         object: PODS[1].1,
         namespace: &ns,
         exclusions: &exclusions,
-        trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN,
     };
     let shapes: Vec<String> = match std::env::var("ENGINE_PART").as_deref() {
         Ok("new-shape") => (0..n as usize).map(|i| new_shape(req.object, i)).collect(),
