@@ -68,6 +68,7 @@ lint:
 
 unit:
 	cargo test --workspace --exclude splice-e2e --all-features
+	cd e2e/images && GOTOOLCHAIN=local go test ./testapp/
 
 ## The alert rules: promtool check + unit tests, runbook links, the generated PrometheusRule.
 rules-test:

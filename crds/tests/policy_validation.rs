@@ -125,11 +125,12 @@ fn the_crd_uses_only_schema_keywords_and_formats_the_offline_validator_knows() {
     );
     // The CEL rules are there to be evaluated (the fixtures show kube-cel evaluates them): on
     // operations, on the template, on rollout.timeout, on rollout.canary (its size) and on each
-    // of its two selectors (operators), and the four on each valuesFrom entry.
+    // of its two selectors (operators), the four on each valuesFrom entry, and the two paths of
+    // spec.identity.
     let rules = policy_schema()
         .expect("the schema renders")
         .to_string()
         .matches("x-kubernetes-validations")
         .count();
-    assert_eq!(rules, 7);
+    assert_eq!(rules, 9);
 }

@@ -244,6 +244,78 @@ pub(crate) struct Inputs {
     /// The SPIFFE trust domain `{{ identity.spiffeID }}` names.
     pub trust_domain: String,
     pub policies: Vec<PolicyInput>,
+    /// The pod's PodCertificateRequests to Splice's signer (online only), or why they could not
+    /// be read (an API server that does not serve them).
+    pub identity_requests: Option<Result<Vec<IdentityRequest>, String>>,
+}
+
+/// One PodCertificateRequest of the pod to `splice.dev/identity`, as its status says.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct IdentityRequest {
+    pub name: String,
+    /// Issued, Denied, Failed or Pending.
+    pub state: String,
+    /// The condition's reason and message, or when an issued certificate expires and refreshes.
+    pub detail: String,
+}
+
+impl IdentityRequest {
+    pub(crate) fn of(pcr: &k8s_openapi::api::certificates::v1beta1::PodCertificateRequest) -> Self {
+        let name = pcr.metadata.name.clone().unwrap_or_default();
+        let status = pcr.status.as_ref();
+        let settled = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.status == "True"));
+        match settled {
+            Some(c) if c.type_ == "Issued" => {
+                let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+                    t.map_or_else(|| "?".to_owned(), |t| t.0.to_string())
+                };
+                IdentityRequest {
+                    name,
+                    state: "Issued".into(),
+                    detail: format!(
+                        "valid until {}, the kubelet refreshes it from {}",
+                        at(status.and_then(|s| s.not_after.as_ref())),
+                        at(status.and_then(|s| s.begin_refresh_at.as_ref()))
+                    ),
+                }
+            }
+            Some(c) => IdentityRequest {
+                name,
+                state: c.type_.clone(),
+                detail: format!("{}: {}", c.reason, c.message),
+            },
+            None => IdentityRequest {
+                name,
+                state: "Pending".into(),
+                detail: format!(
+                    "not answered yet (created {})",
+                    pcr.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map_or_else(|| "?".to_owned(), |t| t.0.to_string())
+                ),
+            },
+        }
+    }
+}
+
+/// The pod's identity, when a policy that selects it has `spec.identity`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct IdentityReport {
+    #[serde(rename = "spiffeID")]
+    pub spiffe_id: String,
+    /// The selecting policies with `spec.identity`.
+    pub policies: Vec<String>,
+    /// Its requests to the signer (online only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<Vec<IdentityRequest>>,
+    /// Why the requests could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -257,6 +329,8 @@ pub(crate) struct Report {
     /// Entries of `splice.dev/status` whose policy no longer exists.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub unknown_policies: BTreeMap<String, ProvenanceEntry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentityReport>,
 }
 
 #[derive(Debug, Serialize)]
@@ -467,8 +541,43 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
         pod: inputs.title.clone(),
         namespace: inputs.namespace.name.clone(),
         outdated,
+        identity: identity(inputs, &policies),
         policies,
         unknown_policies: provenance,
+    })
+}
+
+/// The pod's SPIFFE ID and its requests, when a selecting policy gives it an identity.
+fn identity(inputs: &Inputs, reports: &[PolicyReport]) -> Option<IdentityReport> {
+    let policies: Vec<String> = reports
+        .iter()
+        .zip(&inputs.policies)
+        .filter(|(r, p)| {
+            r.matches
+                && p.compiled
+                    .as_ref()
+                    .is_ok_and(|c| c.spec().identity.is_some())
+        })
+        .map(|(r, _)| r.name.clone())
+        .collect();
+    if policies.is_empty() {
+        return None;
+    }
+    let namespace = &inputs.namespace.name;
+    let account = inputs
+        .pod
+        .pointer("/spec/serviceAccountName")
+        .and_then(Value::as_str);
+    let (requests, requests_error) = match &inputs.identity_requests {
+        None => (None, None),
+        Some(Ok(r)) => (Some(r.clone()), None),
+        Some(Err(e)) => (None, Some(e.clone())),
+    };
+    Some(IdentityReport {
+        spiffe_id: splice_engine::identity::spiffe_id(&inputs.trust_domain, namespace, account),
+        policies,
+        requests,
+        requests_error,
     })
 }
 
@@ -596,6 +705,36 @@ fn outdated_remedy(report: &Report) -> &'static str {
         "spec.rollout's path for it is below"
     } else {
         "recreate the pod to pick up the current template"
+    }
+}
+
+fn render_identity(out: &mut String, id: &IdentityReport) {
+    let _ = writeln!(
+        out,
+        "\nIdentity (spec.identity of {}): {}",
+        id.policies.join(", "),
+        id.spiffe_id
+    );
+    match (&id.requests, &id.requests_error) {
+        (_, Some(e)) => {
+            let _ = writeln!(out, "  its certificate requests cannot be read: {e}");
+        }
+        (Some(requests), None) if requests.is_empty() => {
+            let _ = writeln!(
+                out,
+                "  no PodCertificateRequest yet: the kubelet makes one when it mounts the volume"
+            );
+        }
+        (Some(requests), None) => {
+            for r in requests {
+                let _ = writeln!(
+                    out,
+                    "  PodCertificateRequest {}: {} ({})",
+                    r.name, r.state, r.detail
+                );
+            }
+        }
+        (None, None) => {}
     }
 }
 
@@ -741,6 +880,9 @@ fn render_table(report: &Report) -> String {
             shown.push(&e.configuration);
             let _ = writeln!(out, "  {}: {}", e.configuration, e.order.join(" → "));
         }
+    }
+    if let Some(id) = &report.identity {
+        render_identity(&mut out, id);
     }
     let waiting: Vec<(&str, &ReadyReport)> = report
         .policies
@@ -898,6 +1040,7 @@ fn offline_inputs(args: &Args, file: &std::path::Path) -> Result<Inputs, InputEr
         exclusions: args.namespace.exclusions(),
         trust_domain: args.namespace.trust_domain.clone(),
         policies,
+        identity_requests: None,
     })
 }
 
@@ -996,6 +1139,16 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
         .collect();
     policies.sort_by(|a, b| a.name.cmp(&b.name));
     let pod_json = serde_json::to_value(&pod).map_err(|e| format!("pod {ns_name}/{name}: {e}"))?;
+    let wants_identity = policies.iter().any(|p| {
+        p.compiled
+            .as_ref()
+            .is_ok_and(|c| c.spec().identity.is_some())
+    });
+    let identity_requests = if wants_identity {
+        Some(identity_requests(&client, &ns_name, name).await)
+    } else {
+        None
+    };
     Ok(Inputs {
         title: format!("Pod {ns_name}/{name}"),
         pod: pod_json,
@@ -1007,7 +1160,33 @@ async fn fetch(args: &Args, name: &str, cluster: &super::ClusterArgs) -> Result<
         exclusions: args.namespace.exclusions(),
         trust_domain: args.namespace.trust_domain.clone(),
         policies,
+        identity_requests,
     })
+}
+
+/// The pod's requests to Splice's signer, newest last; the error names what failed (an API
+/// server without PodCertificateRequests answers 404).
+async fn identity_requests(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+) -> Result<Vec<IdentityRequest>, String> {
+    use k8s_openapi::api::certificates::v1beta1::PodCertificateRequest;
+    let api: kube::Api<PodCertificateRequest> = kube::Api::namespaced(client.clone(), namespace);
+    let mut list: Vec<PodCertificateRequest> = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| format!("listing PodCertificateRequests in {namespace}: {e}"))?
+        .items
+        .into_iter()
+        .filter(|r| r.spec.pod_name == pod && r.spec.signer_name == splice_crds::IDENTITY_SIGNER)
+        .collect();
+    list.sort_by(|a, b| {
+        a.metadata
+            .creation_timestamp
+            .cmp(&b.metadata.creation_timestamp)
+    });
+    Ok(list.iter().map(IdentityRequest::of).collect())
 }
 
 /// A policy read from the cluster, compiled with the `valuesFrom` data read now (`data`), so
@@ -1123,7 +1302,61 @@ mod tests {
             exclusions: Exclusions::default_for("splice-system"),
             trust_domain: splice_engine::identity::DEFAULT_TRUST_DOMAIN.into(),
             policies,
+            identity_requests: None,
         }
+    }
+
+    #[test]
+    fn a_selected_identity_policy_shows_the_pods_spiffe_id_and_its_requests_answers() {
+        let id = input(
+            "id",
+            "identity: {mountPath: /var/run/id}\ntemplate:\n  containers: [{name: proxy, image: p}]\n",
+            false,
+        );
+        let plain = input(
+            "plain",
+            "template:\n  containers: [{name: log, image: l}]\n",
+            false,
+        );
+        let pod = serde_json::json!({
+            "metadata": {"labels": {"app": "web"}},
+            "spec": {"serviceAccountName": "web", "containers": [{"name": "app"}]}
+        });
+        let mut i = inputs("shop", pod, vec![id, plain]);
+        let none = explain(&i).unwrap();
+        let report = none.identity.as_ref().unwrap();
+        assert_eq!(report.spiffe_id, "spiffe://cluster.local/ns/shop/sa/web");
+        assert_eq!(report.policies, ["id"]);
+        assert!(report.requests.is_none(), "offline reads no requests");
+        let pcr: k8s_openapi::api::certificates::v1beta1::PodCertificateRequest =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "web-abc", "namespace": "shop"},
+                "spec": {"signerName": "splice.dev/identity", "podName": "x", "podUID": "u",
+                         "serviceAccountName": "web", "serviceAccountUID": "s", "nodeName": "n",
+                         "nodeUID": "nu", "pkixPublicKey": "", "proofOfPossession": ""},
+                "status": {"conditions": [{"type": "Denied", "status": "True",
+                    "reason": "NotSelected", "message": "no Ready identity policy selects it",
+                    "lastTransitionTime": "2026-12-06T00:00:00Z"}]}
+            }))
+            .unwrap();
+        i.identity_requests = Some(Ok(vec![IdentityRequest::of(&pcr)]));
+        let table = render_table(&explain(&i).unwrap());
+        assert!(
+            table.contains("Identity (spec.identity of id): spiffe://cluster.local/ns/shop/sa/web"),
+            "{table}"
+        );
+        assert!(
+            table.contains("PodCertificateRequest web-abc: Denied (NotSelected: no Ready identity policy selects it)"),
+            "{table}"
+        );
+        i.identity_requests = Some(Ok(Vec::new()));
+        let table = render_table(&explain(&i).unwrap());
+        assert!(table.contains("no PodCertificateRequest yet"), "{table}");
+        i.policies.remove(0);
+        assert!(
+            explain(&i).unwrap().identity.is_none(),
+            "no identity policy, no identity"
+        );
     }
 
     #[test]
