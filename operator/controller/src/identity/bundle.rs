@@ -100,12 +100,13 @@ mod tests {
                 now() + Duration::hours(hours),
             )
             .unwrap();
-        let mut pcr = PodCertificateRequest::default();
-        pcr.status = Some(PodCertificateRequestStatus {
-            certificate_chain: Some(chain),
-            ..PodCertificateRequestStatus::default()
-        });
-        pcr
+        PodCertificateRequest {
+            status: Some(PodCertificateRequestStatus {
+                certificate_chain: Some(chain),
+                ..PodCertificateRequestStatus::default()
+            }),
+            ..PodCertificateRequest::default()
+        }
     }
 
     #[test]
