@@ -26,6 +26,12 @@ use tokio::sync::watch;
 pub struct PodRecord {
     pub namespace: Arc<str>,
     pub name: String,
+    /// Its UID: a PodCertificateRequest names the pod it was made for by UID.
+    pub uid: String,
+    /// `spec.serviceAccountName`; empty when unset ("default", as the API server takes it) or
+    /// unknown: the metadata-only watch never sees the spec, so the identity signer reads it
+    /// from the pod itself once per pod (`identity::Signer`).
+    pub service_account: String,
     pub labels: BTreeMap<String, String>,
     pub created: Option<Timestamp>,
     /// (policy, version) for each entry of `splice.dev/status`: the template hash, and the data
@@ -216,6 +222,8 @@ pub fn record(
     Some(PodRecord {
         namespace,
         name: meta.name_any(),
+        uid: meta.metadata.uid.clone().unwrap_or_default(),
+        service_account: String::new(),
         labels: meta.metadata.labels.clone().unwrap_or_default(),
         created: meta.metadata.creation_timestamp.as_ref().map(|t| t.0),
         injected,

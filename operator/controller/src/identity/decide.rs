@@ -1,5 +1,6 @@
 //! What the signer does with one PodCertificateRequest: issue (with which SPIFFE ID, key and
-//! times), deny, fail, or leave it. Pure: the pod, the policies and the clock are handed in.
+//! times), deny or fail. Pure: the pod (its record in the leader's view), the policies and the
+//! clock are handed in.
 //!
 //! A request is issued only for a pod that exists with the request's UID and service account,
 //! that a Ready policy with `spec.identity` selects now (namespace and pod selectors, as the
@@ -11,7 +12,6 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::certificates::v1beta1::{PodCertificateRequest, PodCertificateRequestStatus};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -20,7 +20,7 @@ use splice_engine::explain::{selects_namespace, selects_pod};
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use super::sign;
-use crate::view::injected_versions;
+use crate::view::PodRecord;
 
 pub const ISSUED: &str = "Issued";
 pub const DENIED: &str = "Denied";
@@ -39,8 +39,8 @@ pub const REFRESH_AFTER_ANNOTATION: &str = "splice.dev/identity-refresh-after-se
 /// The key types the signer can name (rcgen on ring); P-521 is not one of them.
 pub const SUPPORTED_KEYS: &str = "ECDSAP256, ECDSAP384, ED25519, RSA3072, RSA4096";
 
-/// What the signer knows besides the request.
-pub struct Signer<'a> {
+/// What the signer knows besides the request and the pod.
+pub struct Scope<'a> {
     pub trust_domain: &'a str,
     pub max_lifetime_seconds: i64,
     pub exclusions: &'a Exclusions,
@@ -111,24 +111,24 @@ pub fn ready_now(policy: &InjectionPolicy) -> bool {
 /// Decides `pcr` for `pod` (`None`: no pod of that name) at `now` (Unix seconds).
 pub fn decide(
     pcr: &PodCertificateRequest,
-    pod: Option<&Pod>,
-    signer: &Signer,
+    pod: Option<&PodRecord>,
+    signer: &Scope,
     now: i64,
 ) -> Decision {
     let ns = pcr.namespace().unwrap_or_default();
     let spec = &pcr.spec;
     let named = format!("pod {ns}/{}", spec.pod_name);
-    let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(spec.pod_uid.as_str())) else {
+    let Some(pod) = pod.filter(|p| p.uid == spec.pod_uid) else {
         return deny(
             "PodNotFound",
             format!("{named} with UID {} does not exist", spec.pod_uid),
         );
     };
-    let account = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.as_deref())
-        .unwrap_or("default");
+    // Unset is "default", as the API server takes it.
+    let account = match pod.service_account.as_str() {
+        "" => "default",
+        named => named,
+    };
     if account != spec.service_account_name {
         return deny(
             "ServiceAccountMismatch",
@@ -188,12 +188,10 @@ pub fn decide(
 
 /// The first policy (by name) that gives `pod` an identity, with its lifetime cap.
 fn selecting_policy<'a>(
-    pod: &Pod,
+    pod: &PodRecord,
     ns: &str,
-    signer: &'a Signer,
+    signer: &'a Scope,
 ) -> Option<(&'a InjectionPolicy, i64)> {
-    let injected = injected_versions(pod.metadata.annotations.as_ref());
-    let labels = pod.metadata.labels.clone().unwrap_or_default();
     let fallback = NamespaceContext {
         name: ns.to_owned(),
         ..NamespaceContext::default()
@@ -207,8 +205,8 @@ fn selecting_policy<'a>(
             let compiled = (*compiled)?;
             let selected = ready_now(policy)
                 && selects_namespace(compiled, context, signer.exclusions)
-                && selects_pod(compiled, &labels)
-                && injected.iter().any(|(p, _)| *p == policy.name_any());
+                && selects_pod(compiled, &pod.labels)
+                && pod.injected.iter().any(|(p, _)| *p == policy.name_any());
             selected.then_some((*policy, i64::from(identity.max_expiration_seconds)))
         })
         .collect();

@@ -4,9 +4,8 @@
 //! server authentication. Pure: no API calls.
 
 use rcgen::{
-    BasicConstraints, CertificateParams, CustomExtension, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P256_SHA256, SanType, SerialNumber, SubjectPublicKeyInfo,
+    CertificateParams, CustomExtension, DistinguishedName, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyIdMethod, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, SanType, SubjectPublicKeyInfo,
 };
 use time::{Duration, OffsetDateTime};
 
@@ -95,22 +94,6 @@ fn uri_name_constraints(trust_domain: &str) -> Vec<u8> {
     tlv(0x30, &permitted)
 }
 
-fn serial() -> Result<SerialNumber, SignError> {
-    // A throwaway key's public point is uniformly random: 16 bytes of it make the serial.
-    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-    let mut bytes: Vec<u8> = key
-        .public_key_raw()
-        .iter()
-        .skip(1)
-        .take(16)
-        .copied()
-        .collect();
-    if let Some(first) = bytes.first_mut() {
-        *first = (*first & 0x7f).max(1);
-    }
-    Ok(SerialNumber::from(bytes))
-}
-
 fn offset(ts: i64) -> Result<OffsetDateTime, SignError> {
     OffsetDateTime::from_unix_timestamp(ts).map_err(|e| {
         SignError::Ca(ca::CaError::BadCertificate {
@@ -131,20 +114,7 @@ impl Intermediate {
         let root_info = ca::inspect(&root.cert_pem, "the CA certificate")?;
         let root_issuer =
             Issuer::from_ca_cert_pem(&root.cert_pem, KeyPair::from_pem(&root.key_pem)?)?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "splice identity signer");
-        dn.push(DnType::OrganizationName, "splice.dev");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        params.key_identifier_method = KeyIdMethod::Sha256;
-        params.use_authority_key_identifier_extension = true;
-        params.serial_number = Some(serial()?);
+        let mut params = ca::ca_params_named("splice identity signer")?;
         let mut constraints =
             CustomExtension::from_oid_content(NAME_CONSTRAINTS, uri_name_constraints(trust_domain));
         constraints.set_criticality(true);
@@ -199,7 +169,7 @@ impl Intermediate {
         ];
         params.key_identifier_method = KeyIdMethod::Sha256;
         params.use_authority_key_identifier_extension = true;
-        params.serial_number = Some(serial()?);
+        params.serial_number = Some(ca::random_serial()?);
         params.not_before = not_before;
         params.not_after = not_after;
         let leaf = params.signed_by(subject, &self.issuer)?;
