@@ -311,3 +311,223 @@ pub fn refused_status(
         ..PodCertificateRequestStatus::default()
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::certificates::v1beta1::PodCertificateRequestSpec;
+    use rcgen::PKCS_ECDSA_P256_SHA256;
+    use splice_crds::InjectionPolicyStatus;
+
+    use super::*;
+    use crate::identity::sign::tests::csr;
+    use crate::view::PodOwner;
+
+    pub(crate) const NOW: i64 = 1_800_000_000;
+
+    /// Policy `mesh` selecting `app=web`, with `spec.identity` capped at `max_expiration`
+    /// seconds, Ready at its generation when `ready`.
+    pub(crate) fn policy(max_expiration: i32, ready: bool) -> (InjectionPolicy, CompiledPolicy) {
+        let spec = serde_json::json!({
+            "objectSelector": {"matchLabels": {"app": "web"}},
+            "template": {"containers": [{"name": "proxy", "image": "proxy:1"}]},
+            "identity": {"mountPath": "/var/run/identity", "maxExpirationSeconds": max_expiration},
+        });
+        let mut p: InjectionPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+            "metadata": {"name": "mesh", "uid": "u1", "generation": 1},
+            "spec": spec,
+        }))
+        .unwrap();
+        p.status = Some(InjectionPolicyStatus {
+            conditions: vec![Condition {
+                type_: condition::READY.into(),
+                status: if ready { "True" } else { "False" }.into(),
+                reason: "Test".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            }],
+            ..InjectionPolicyStatus::default()
+        });
+        let compiled = CompiledPolicy::compile("mesh", 1, &p.spec).unwrap();
+        (p, compiled)
+    }
+
+    /// Pod `shop/web-1` (UID `pod-1`, service account `web-sa`, `app=web`) carrying `mesh`'s
+    /// injection.
+    pub(crate) fn pod() -> PodRecord {
+        PodRecord {
+            namespace: Arc::from("shop"),
+            name: "web-1".into(),
+            uid: "pod-1".into(),
+            service_account: "web-sa".into(),
+            labels: [("app".to_owned(), "web".to_owned())].into(),
+            created: None,
+            injected: vec![("mesh".to_owned(), "h".to_owned())],
+            owner: PodOwner::ReplicaSet,
+            in_place: Vec::new(),
+        }
+    }
+
+    /// The kubelet's request `req-1` for [`pod`] with a fresh P-256 key.
+    pub(crate) fn request() -> PodCertificateRequest {
+        let mut r = PodCertificateRequest {
+            spec: PodCertificateRequestSpec {
+                signer_name: IDENTITY_SIGNER.into(),
+                pod_name: "web-1".into(),
+                pod_uid: "pod-1".into(),
+                service_account_name: "web-sa".into(),
+                max_expiration_seconds: Some(86_400),
+                stub_pkc_s10_request: ByteString(csr(&PKCS_ECDSA_P256_SHA256)),
+                ..PodCertificateRequestSpec::default()
+            },
+            ..PodCertificateRequest::default()
+        };
+        r.metadata.namespace = Some("shop".into());
+        r.metadata.name = Some("req-1".into());
+        r.metadata.uid = Some("req-uid".into());
+        r.metadata.resource_version = Some("7".into());
+        r
+    }
+
+    fn decide_with(
+        pcr: &PodCertificateRequest,
+        pod: Option<&PodRecord>,
+        policy: &(InjectionPolicy, CompiledPolicy),
+        max_lifetime_seconds: i64,
+    ) -> Decision {
+        let exclusions = Exclusions::default_for("splice-system");
+        let namespaces = HashMap::new();
+        let policies = [(&policy.0, Some(&policy.1))];
+        let scope = Scope {
+            trust_domain: "cluster.local",
+            max_lifetime_seconds,
+            exclusions: &exclusions,
+            namespaces: &namespaces,
+            policies: &policies,
+        };
+        decide(pcr, pod, &scope, NOW)
+    }
+
+    fn issued(d: Decision) -> Issue {
+        match d {
+            Decision::Issue(i) => i,
+            other => panic!("expected an issue: {other:?}"),
+        }
+    }
+
+    fn reason(d: &Decision) -> (&'static str, &'static str) {
+        match d {
+            Decision::Issue(_) => ("issue", ""),
+            Decision::Deny { reason, .. } => ("deny", reason),
+            Decision::Fail { reason, .. } => ("fail", reason),
+        }
+    }
+
+    #[test]
+    fn a_pod_a_ready_identity_policy_selects_and_injected_is_issued_its_spiffe_id() {
+        let i = issued(decide_with(
+            &request(),
+            Some(&pod()),
+            &policy(86_400, true),
+            DEFAULT_MAX_LIFETIME_SECONDS,
+        ));
+        assert_eq!(i.spiffe_id, "spiffe://cluster.local/ns/shop/sa/web-sa");
+        assert_eq!(i.policy, "mesh");
+        assert!(sign::subject_key(&i.spki).is_ok());
+    }
+
+    #[test]
+    fn a_pod_no_ready_identity_policy_selects_and_injected_is_denied_not_selected() {
+        let mut other = pod();
+        other.labels = [("app".to_owned(), "db".to_owned())].into();
+        let mut uninjected = pod();
+        uninjected.injected.clear();
+        for (pod, ready) in [(other, true), (uninjected, true), (pod(), false)] {
+            let d = decide_with(&request(), Some(&pod), &policy(86_400, ready), 86_400);
+            assert_eq!(reason(&d), ("deny", "NotSelected"), "{pod:?} ready={ready}");
+        }
+    }
+
+    #[test]
+    fn a_missing_pod_or_one_with_another_uid_is_denied_pod_not_found() {
+        let mut replaced = pod();
+        replaced.uid = "pod-2".into();
+        for pod in [None, Some(&replaced)] {
+            let d = decide_with(&request(), pod, &policy(86_400, true), 86_400);
+            assert_eq!(reason(&d), ("deny", "PodNotFound"));
+        }
+    }
+
+    #[test]
+    fn a_pod_running_as_another_service_account_than_the_request_names_is_denied() {
+        let mut r = request();
+        r.spec.service_account_name = "admin".into();
+        let d = decide_with(&r, Some(&pod()), &policy(86_400, true), 86_400);
+        assert_eq!(reason(&d), ("deny", "ServiceAccountMismatch"));
+        // Unset is "default", as the API server takes it.
+        let mut unset = pod();
+        unset.service_account.clear();
+        r.spec.service_account_name = "default".into();
+        let i = issued(decide_with(&r, Some(&unset), &policy(86_400, true), 86_400));
+        assert_eq!(i.spiffe_id, "spiffe://cluster.local/ns/shop/sa/default");
+    }
+
+    /// A P-521 SubjectPublicKeyInfo (its point is not checked): a key rcgen on ring cannot name.
+    fn p521_spki() -> Vec<u8> {
+        let mut der = vec![0x30, 0x81, 0x9b, 0x30, 0x10];
+        der.extend([0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01]);
+        der.extend([0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x23]);
+        der.extend([0x03, 0x81, 0x86, 0x00, 0x04]);
+        der.extend([7u8; 132]);
+        der
+    }
+
+    #[test]
+    fn an_unsupported_key_type_is_denied_and_a_malformed_key_fails_with_their_reasons() {
+        let policy = policy(86_400, true);
+        let mut p521 = request();
+        p521.spec.stub_pkc_s10_request = ByteString(Vec::new());
+        p521.spec.pkix_public_key = Some(ByteString(p521_spki()));
+        let d = decide_with(&p521, Some(&pod()), &policy, 86_400);
+        assert_eq!(reason(&d), ("deny", "UnsupportedKeyType"));
+        let mut garbage = request();
+        garbage.spec.stub_pkc_s10_request = ByteString(b"nope".to_vec());
+        let d = decide_with(&garbage, Some(&pod()), &policy, 86_400);
+        assert_eq!(reason(&d), ("fail", "MalformedRequest"));
+        let mut none = request();
+        none.spec.stub_pkc_s10_request = ByteString(Vec::new());
+        let d = decide_with(&none, Some(&pod()), &policy, 86_400);
+        assert_eq!(reason(&d), ("fail", "MalformedRequest"));
+    }
+
+    #[test]
+    fn the_lifetime_is_capped_by_the_policy_and_the_signer_and_refresh_lies_inside_its_margins() {
+        // (policy's maxExpirationSeconds, signer's cap, lifetime)
+        for (policy_max, signer_max, lifetime) in [
+            (7_200, 86_400, 7_200),
+            (86_400, 18_000, 18_000),
+            (86_400, 86_400, 86_400),
+        ] {
+            let i = issued(decide_with(
+                &request(),
+                Some(&pod()),
+                &policy(policy_max, true),
+                signer_max,
+            ));
+            assert_eq!(i.not_before, NOW - BACKDATE_SECONDS);
+            assert_eq!(i.not_after - i.not_before, lifetime);
+            assert!(i.begin_refresh_at >= i.not_before + REFRESH_MARGIN_SECONDS);
+            assert!(i.begin_refresh_at <= i.not_after - REFRESH_MARGIN_SECONDS);
+        }
+        // A knob asking for a refresh right away still waits the margin.
+        assert_eq!(refresh_at(0, 3_600, Some(1)), REFRESH_MARGIN_SECONDS);
+        assert_eq!(
+            refresh_at(0, 3_600, Some(9_999)),
+            3_600 - REFRESH_MARGIN_SECONDS
+        );
+    }
+}

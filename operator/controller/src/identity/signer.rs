@@ -518,3 +518,189 @@ impl Loop for Signer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::certs::ca::split_bundle;
+    use crate::certs::rotation::ca_secret;
+    use crate::identity::decide::tests::{NOW, pod, policy, request};
+    use crate::identity::decide::{DEFAULT_MAX_LIFETIME_SECONDS, ISSUED};
+    use crate::identity::sign::tests::root;
+
+    fn signer() -> Signer {
+        Signer::new(Config {
+            trust_domain: "cluster.local".into(),
+            splice_namespace: "splice-system".into(),
+            max_lifetime_seconds: DEFAULT_MAX_LIFETIME_SECONDS,
+        })
+    }
+
+    /// One pending request for [`pod`] (given as `pods`), `mesh` Ready and served, and a CA
+    /// made with rcgen.
+    fn view(pods: Vec<PodRecord>) -> View {
+        let (policy, compiled) = policy(86_400, true);
+        let ca = CaState::fresh(root());
+        Snapshot {
+            policies: vec![Arc::new(policy)],
+            served: BTreeMap::from([("mesh".to_owned(), Arc::new(compiled))]),
+            pods: Arc::new(pods.into_iter().map(Arc::new).collect()),
+            extra: Extra {
+                requests: vec![Arc::new(request())],
+                ca: Some(Arc::new(ca_secret("splice-system", &ca))),
+                bundle: None,
+            },
+            ..Snapshot::default()
+        }
+    }
+
+    fn at(base: Instant, seconds: u64) -> Now {
+        Now {
+            at: base + Duration::from_secs(seconds),
+            wall: Timestamp::from_second(NOW + i64::try_from(seconds).unwrap()).unwrap(),
+        }
+    }
+
+    fn answers(pass: &Pass<Look, Act>) -> Vec<&Answer> {
+        pass.acts
+            .iter()
+            .filter_map(|a| match a {
+                Act::Answer(a) => Some(&**a),
+                Act::Bundle(_) => None,
+            })
+            .collect()
+    }
+
+    fn bundles(pass: &Pass<Look, Act>) -> usize {
+        pass.acts
+            .iter()
+            .filter(|a| matches!(a, Act::Bundle(_)))
+            .count()
+    }
+
+    fn written(a: &Answer) -> Seen {
+        Seen::Answered {
+            request: a.request.uid().unwrap(),
+            outcome: a.outcome,
+            latency: None,
+        }
+    }
+
+    #[test]
+    fn one_pending_request_gives_exactly_one_answer_signed_under_the_intermediate() {
+        let (mut s, view, base) = (signer(), view(vec![pod()]), Instant::now());
+        let pass = s.pass(&view, at(base, 0));
+        let all = answers(&pass);
+        let [answer] = all.as_slice() else {
+            panic!("one answer: {:?}", pass.acts)
+        };
+        assert_eq!(answer.outcome, "issued");
+        assert_eq!(answer.request.resource_version().as_deref(), Some("7"));
+        let conditions = answer.status.conditions.clone().unwrap_or_default();
+        assert_eq!(conditions[0].type_, ISSUED);
+        let chain = split_bundle(answer.status.certificate_chain.as_deref().unwrap());
+        assert_eq!(chain.len(), 2, "leaf then intermediate");
+        assert!(answer.denied.is_none());
+    }
+
+    #[test]
+    fn a_request_answered_here_or_by_another_leader_is_never_answered_again() {
+        for conflict in [false, true] {
+            let (mut s, view, base) = (signer(), view(vec![pod()]), Instant::now());
+            let pass = s.pass(&view, at(base, 0));
+            let answer = answers(&pass)[0];
+            // A second leader wrote first: the write under the resourceVersion read conflicts.
+            let seen = if conflict {
+                Seen::Conflict {
+                    request: answer.request.uid().unwrap(),
+                }
+            } else {
+                written(answer)
+            };
+            assert!(s.judge(&view, vec![seen], at(base, 0)).is_empty());
+            // The cache still shows the request pending: no second certificate.
+            for t in 1..5 {
+                assert!(answers(&s.pass(&view, at(base, t))).is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_write_is_tried_again_after_its_backoff() {
+        let (mut s, view, base) = (signer(), view(vec![pod()]), Instant::now());
+        let request = answers(&s.pass(&view, at(base, 0)))[0]
+            .request
+            .uid()
+            .unwrap();
+        s.judge(&view, vec![Seen::Failed { request }], at(base, 0));
+        assert!(answers(&s.pass(&view, at(base, 0))).is_empty());
+        assert_eq!(answers(&s.pass(&view, at(base, 60))).len(), 1);
+    }
+
+    #[test]
+    fn the_bundle_act_comes_at_most_once_per_thirty_seconds() {
+        let (mut s, view, base) = (signer(), view(vec![pod()]), Instant::now());
+        let counts: Vec<usize> = [0, 1, 15, 29, 30, 31, 59, 60]
+            .into_iter()
+            .map(|t| bundles(&s.pass(&view, at(base, t))))
+            .collect();
+        assert_eq!(counts, vec![1, 0, 0, 0, 1, 0, 0, 1]);
+        let pass = s.pass(&view, at(base, 90));
+        let Some(Act::Bundle(b)) = pass.acts.last() else {
+            panic!("a bundle")
+        };
+        let ca = ca_state(view.extra.ca.as_deref().unwrap()).unwrap();
+        assert_eq!(b.spec.trust_bundle, ca.bundle());
+    }
+
+    #[test]
+    fn a_pod_whose_service_account_the_view_lacks_is_read_once_then_answered() {
+        let mut metadata_only = pod();
+        metadata_only.service_account.clear();
+        let (mut s, view, base) = (signer(), view(vec![metadata_only]), Instant::now());
+        let pass = s.pass(&view, at(base, 0));
+        assert!(answers(&pass).is_empty());
+        let [look] = pass.looks.as_slice() else {
+            panic!("one look: {:?}", pass.looks)
+        };
+        assert_eq!(
+            (look.pod.as_str(), look.pod_uid.as_str()),
+            ("web-1", "pod-1")
+        );
+        let seen = Seen::Account {
+            request: look.request.clone(),
+            pod_uid: look.pod_uid.clone(),
+            account: Some("web-sa".into()),
+        };
+        s.judge(&view, vec![seen], at(base, 1));
+        let pass = s.pass(&view, at(base, 1));
+        assert!(pass.looks.is_empty());
+        assert_eq!(answers(&pass)[0].outcome, "issued");
+    }
+
+    #[test]
+    fn a_denial_names_the_pod_for_its_warning_and_a_missing_pod_has_none() {
+        let mut other = pod();
+        other.labels.clear();
+        let (mut s, base) = (signer(), Instant::now());
+        let pass = s.pass(&view(vec![other]), at(base, 0));
+        let denial = answers(&pass)[0].denied.clone().unwrap();
+        assert_eq!(denial.reason, "NotSelected");
+        assert_eq!(denial.pod.name.as_deref(), Some("web-1"));
+        assert_eq!(denial.pod.uid.as_deref(), Some("pod-1"));
+        let pass = signer().pass(&view(Vec::new()), at(base, 0));
+        let answer = answers(&pass)[0];
+        assert_eq!(answer.outcome, "denied");
+        assert!(answer.denied.is_none());
+    }
+
+    #[test]
+    fn without_a_ca_nothing_is_answered_or_published() {
+        let mut view = view(vec![pod()]);
+        view.extra.ca = None;
+        let pass = signer().pass(&view, at(Instant::now(), 0));
+        assert!(pass.acts.is_empty() && pass.looks.is_empty());
+    }
+}
