@@ -19,15 +19,15 @@ pub mod signer;
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::certificates::v1beta1::{ClusterTrustBundle, PodCertificateRequest};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 
+use self::bundle::BUNDLE_NAME;
 use self::signer::{Act, Answer, Extra, Look, Seen, Signer};
 use crate::certs::rotation::CA_SECRET;
 use crate::driver::{self, Inputs};
@@ -84,6 +84,9 @@ pub async fn served(client: &Client) -> bool {
     }
 }
 
+/// What a failed watch of the signer's caches says.
+const WATCHING: &str = "identity signer: watching";
+
 /// What the signer's acts and looks go through: its caches, each kept by a watch of its run.
 pub struct Io {
     client: Client,
@@ -115,13 +118,14 @@ pub async fn run(config: Config, inputs: Inputs) {
     let named = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
     // The watches run inside this task, so ending the term ends them too.
     let watches = futures::future::join3(
-        reflect(Api::all(client.clone()), watcher::Config::default(), w1),
-        reflect(
+        driver::reflect(Api::all(client.clone()), Default::default(), w1, WATCHING),
+        driver::reflect(
             Api::namespaced(client.clone(), &config.splice_namespace),
             named(CA_SECRET),
             w2,
+            WATCHING,
         ),
-        reflect(Api::all(client.clone()), named(bundle::BUNDLE_NAME), w3),
+        driver::reflect(Api::all(client.clone()), named(BUNDLE_NAME), w3, WATCHING),
     );
     let io = Io {
         client,
@@ -135,28 +139,6 @@ pub async fn run(config: Config, inputs: Inputs) {
         _ = watches => {}
         () = driver::run(Signer::new(config), io, inputs) => {}
     }
-}
-
-async fn reflect<K>(api: Api<K>, config: watcher::Config, writer: reflector::store::Writer<K>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    watcher(api, config)
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
-        .reflect(writer)
-        .for_each(|event| async move {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "identity signer: watching");
-            }
-        })
-        .await;
 }
 
 async fn ready(io: &Io) -> bool {
@@ -177,7 +159,7 @@ fn extra(io: &Io) -> Extra {
             .bundle
             .state()
             .into_iter()
-            .find(|b| b.name_any() == bundle::BUNDLE_NAME),
+            .find(|b| b.name_any() == BUNDLE_NAME),
     }
 }
 
