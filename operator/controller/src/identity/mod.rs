@@ -70,17 +70,27 @@ impl IdentityError {
     }
 }
 
-/// Whether the API server serves `certificates.k8s.io/v1beta1` podcertificaterequests.
-pub async fn served(client: &Client) -> bool {
+/// What the API server serves of `certificates.k8s.io/v1beta1` (separate feature gates).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    pub requests: bool,
+    pub bundles: bool,
+}
+
+/// Which of podcertificaterequests and clustertrustbundles the API server serves.
+pub async fn served(client: &Client) -> Served {
     match client
         .list_api_group_resources("certificates.k8s.io/v1beta1")
         .await
     {
-        Ok(list) => list
-            .resources
-            .iter()
-            .any(|r| r.name == "podcertificaterequests"),
-        Err(_) => false,
+        Ok(list) => {
+            let has = |name: &str| list.resources.iter().any(|r| r.name == name);
+            Served {
+                requests: has("podcertificaterequests"),
+                bundles: has("clustertrustbundles"),
+            }
+        }
+        Err(_) => Served::default(),
     }
 }
 
@@ -95,27 +105,43 @@ pub struct Io {
     requests: Store<PodCertificateRequest>,
     /// Only Splice's CA Secret (a field selector on its name).
     ca: Store<Secret>,
-    /// Only the bundle `splice.dev:identity:roots`.
-    bundle: Store<ClusterTrustBundle>,
+    /// Only the bundle `splice.dev:identity:roots`; `None` when the API server does not serve
+    /// clustertrustbundles (certificates are issued, no bundle is published).
+    bundle: Option<Store<ClusterTrustBundle>>,
 }
 
 /// Runs the signer until the term ends: nothing when the API server does not serve
 /// podcertificaterequests (then `splice_identity_signer_available` is 0 and a warning says so).
 pub async fn run(config: Config, inputs: Inputs) {
-    if !served(&inputs.client).await {
-        inputs.metrics.set_identity_available(false);
+    let served = served(&inputs.client).await;
+    inputs.metrics.set_identity_available(served.requests);
+    if !served.requests {
         tracing::warn!(
             "the API server does not serve certificates.k8s.io/v1beta1 podcertificaterequests: \
              the splice.dev/identity signer does not run, spec.identity pods get no certificate"
         );
         return;
     }
-    inputs.metrics.set_identity_available(true);
+    if !served.bundles {
+        tracing::warn!(
+            "the API server does not serve certificates.k8s.io/v1beta1 clustertrustbundles: the \
+             identity signer publishes no trust bundle, peers must get its roots another way"
+        );
+    }
     let client = inputs.client.clone();
     let (requests, w1) = reflector::store();
     let (ca, w2) = reflector::store();
-    let (bundle, w3) = reflector::store();
+    let (bundle, w3) = served.bundles.then(reflector::store).unzip();
     let named = |name: &str| watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let bundle_watch = async {
+        match w3 {
+            Some(w3) => {
+                let api = Api::all(client.clone());
+                driver::reflect(api, named(BUNDLE_NAME), w3, WATCHING).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
     // The watches run inside this task, so ending the term ends them too.
     let watches = futures::future::join3(
         driver::reflect(Api::all(client.clone()), Default::default(), w1, WATCHING),
@@ -125,10 +151,10 @@ pub async fn run(config: Config, inputs: Inputs) {
             w2,
             WATCHING,
         ),
-        driver::reflect(Api::all(client.clone()), named(BUNDLE_NAME), w3, WATCHING),
+        bundle_watch,
     );
     let io = Io {
-        client,
+        client: client.clone(),
         recorder: inputs.recorder.clone(),
         leading: inputs.leading.clone(),
         requests,
@@ -144,7 +170,10 @@ pub async fn run(config: Config, inputs: Inputs) {
 async fn ready(io: &Io) -> bool {
     io.requests.wait_until_ready().await.is_ok()
         && io.ca.wait_until_ready().await.is_ok()
-        && io.bundle.wait_until_ready().await.is_ok()
+        && match &io.bundle {
+            Some(bundle) => bundle.wait_until_ready().await.is_ok(),
+            None => true,
+        }
 }
 
 fn extra(io: &Io) -> Extra {
@@ -157,15 +186,16 @@ fn extra(io: &Io) -> Extra {
             .find(|s| s.name_any() == CA_SECRET),
         bundle: io
             .bundle
-            .state()
-            .into_iter()
-            .find(|b| b.name_any() == BUNDLE_NAME),
+            .as_ref()
+            .and_then(|b| b.state().into_iter().find(|b| b.name_any() == BUNDLE_NAME)),
     }
 }
 
 async fn act(io: &Io, act: Act) -> Seen {
     match act {
         Act::Answer(answer) => write_answer(io, *answer).await,
+        // Not served: nothing to publish to (said once at the start).
+        Act::Bundle(_) if io.bundle.is_none() => Seen::Bundle,
         Act::Bundle(desired) => {
             let api = Api::<ClusterTrustBundle>::all(io.client.clone());
             if let Err(e) = apply_if_changed(&api, &io.leading, &*desired).await {

@@ -435,6 +435,11 @@ impl Loop for Signer {
             })
             .collect();
         self.gauges = Some(ages(&pending, now.wall));
+        // A request deleted or answered meanwhile needs no more retries.
+        if !self.retry.is_empty() {
+            let waiting: HashSet<String> = pending.iter().filter_map(|r| r.uid()).collect();
+            self.retry.retain(|uid, _| waiting.contains(uid));
+        }
         let bundle_due = self
             .last_bundle
             .is_none_or(|at| now.at.duration_since(at) >= BUNDLE_PERIOD);
