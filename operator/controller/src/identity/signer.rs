@@ -213,17 +213,16 @@ impl Signer {
             let pod = pods
                 .get(&(ns.as_str(), pcr.spec.pod_name.as_str()))
                 .copied();
-            let pod = match with_account(&self.accounts, pod, pcr, &uid) {
-                Ok(pod) => pod,
-                Err(look) => {
-                    let asked = pass.looks.iter().any(|l| l.pod_uid == look.pod_uid);
-                    if !asked && pass.looks.len() < MAX_LOOKS {
-                        pass.looks.push(look);
-                    }
-                    continue;
-                }
-            };
+            let (pod, look) = with_account(&self.accounts, pod, pcr, &uid);
             let decision = decide::decide(pcr, pod.as_deref(), &scope, now.wall.as_second());
+            // Only an issue depends on the service account assumed: read it first.
+            if let (Some(look), Decision::Issue(_)) = (look, &decision) {
+                let asked = pass.looks.iter().any(|l| l.pod_uid == look.pod_uid);
+                if !asked && pass.looks.len() < MAX_LOOKS {
+                    pass.looks.push(look);
+                }
+                continue;
+            }
             let signed = answer(
                 &mut self.intermediate,
                 &self.config,
@@ -262,33 +261,40 @@ impl Signer {
     }
 }
 
-/// `pod` with its service account: the record's, or the one read before; the look that reads it
-/// when neither knows. A missing pod or another UID goes to `decide` as it is (PodNotFound).
+/// `pod` with its service account: the record's, or the one read before. When neither knows
+/// it, the request's is assumed, with the look that reads the pod's own. A missing pod or another
+/// UID goes to `decide` as it is (PodNotFound).
 fn with_account<'a>(
     accounts: &HashMap<String, String>,
     pod: Option<&'a PodRecord>,
     pcr: &PodCertificateRequest,
     request: &str,
-) -> Result<Option<Cow<'a, PodRecord>>, Look> {
+) -> (Option<Cow<'a, PodRecord>>, Option<Look>) {
     let Some(found) = pod.filter(|p| p.uid == pcr.spec.pod_uid) else {
-        return Ok(pod.map(Cow::Borrowed));
+        return (pod.map(Cow::Borrowed), None);
     };
     if !found.service_account.is_empty() {
-        return Ok(Some(Cow::Borrowed(found)));
+        return (Some(Cow::Borrowed(found)), None);
     }
-    match accounts.get(&found.uid) {
+    let mut known = found.clone();
+    let look = match accounts.get(&found.uid) {
         Some(account) => {
-            let mut known = found.clone();
             known.service_account.clone_from(account);
-            Ok(Some(Cow::Owned(known)))
+            None
         }
-        None => Err(Look {
-            request: request.to_owned(),
-            namespace: found.namespace.to_string(),
-            pod: found.name.clone(),
-            pod_uid: found.uid.clone(),
-        }),
-    }
+        None => {
+            known
+                .service_account
+                .clone_from(&pcr.spec.service_account_name);
+            Some(Look {
+                request: request.to_owned(),
+                namespace: found.namespace.to_string(),
+                pod: found.name.clone(),
+                pod_uid: found.uid.clone(),
+            })
+        }
+    };
+    (Some(Cow::Owned(known)), look)
 }
 
 fn back_off(retry: &mut HashMap<String, (u32, Instant)>, request: &str, now: Instant) {
@@ -683,6 +689,33 @@ mod tests {
         let pass = s.pass(&view, at(base, 1));
         assert!(pass.looks.is_empty());
         assert_eq!(answers(&pass)[0].outcome, "issued");
+    }
+
+    #[test]
+    fn a_pod_no_policy_selects_is_denied_without_reading_its_service_account() {
+        let mut unselected = pod();
+        unselected.service_account.clear();
+        unselected.labels.clear();
+        let pass = signer().pass(&view(vec![unselected]), at(Instant::now(), 0));
+        assert!(pass.looks.is_empty());
+        assert_eq!(answers(&pass)[0].outcome, "denied");
+    }
+
+    #[test]
+    fn a_pod_whose_service_account_differs_from_the_one_read_is_denied() {
+        let mut metadata_only = pod();
+        metadata_only.service_account.clear();
+        let (mut s, view, base) = (signer(), view(vec![metadata_only]), Instant::now());
+        let look = s.pass(&view, at(base, 0)).looks.remove(0);
+        let seen = Seen::Account {
+            request: look.request,
+            pod_uid: look.pod_uid,
+            account: Some("admin".into()),
+        };
+        s.judge(&view, vec![seen], at(base, 1));
+        let pass = s.pass(&view, at(base, 1));
+        let denial = answers(&pass)[0].denied.clone().unwrap();
+        assert_eq!(denial.reason, "ServiceAccountMismatch");
     }
 
     #[test]
