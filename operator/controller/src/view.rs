@@ -1,8 +1,9 @@
 //! The leader's one view of the cluster's pods and namespaces: one metadata-only watch of each
-//! (a compact record per pod: namespace, labels, creation time, owner kind, the versions in
-//! `splice.dev/status`), and the one rule that says where a selected pod stands for a policy
-//! ([`classify`]: current, outdated or missed). Coverage, the admission probe, the rollout and the
-//! reconcile's evidence of enforcement read it; none keeps a watch of its own.
+//! (a compact record per pod: namespace, name, UID, labels, creation time, owner kind, the
+//! versions in `splice.dev/status`), and the one rule that says where a selected pod stands for a policy
+//! ([`classify`]: current, outdated or missed). Coverage, the admission probe, the rollout, the
+//! identity signer and the reconcile's evidence of enforcement read it; none keeps a watch of its
+//! own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};

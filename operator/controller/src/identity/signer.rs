@@ -666,12 +666,16 @@ mod tests {
         assert_eq!(b.spec.trust_bundle, ca.bundle());
     }
 
-    #[test]
-    fn a_pod_whose_service_account_the_view_lacks_is_read_once_then_answered() {
-        let mut metadata_only = pod();
-        metadata_only.service_account.clear();
-        let (mut s, view, base) = (signer(), view(vec![metadata_only]), Instant::now());
-        let pass = s.pass(&view, at(base, 0));
+    /// A view whose pod record lacks its service account, as the metadata-only watch has it.
+    fn metadata_only() -> View {
+        let mut p = pod();
+        p.service_account.clear();
+        view(vec![p])
+    }
+
+    /// The first pass answers nothing and reads the pod; the read says `account`.
+    fn read_as(s: &mut Signer, view: &View, base: Instant, account: &str) {
+        let pass = s.pass(view, at(base, 0));
         assert!(answers(&pass).is_empty());
         let [look] = pass.looks.as_slice() else {
             panic!("one look: {:?}", pass.looks)
@@ -683,9 +687,15 @@ mod tests {
         let seen = Seen::Account {
             request: look.request.clone(),
             pod_uid: look.pod_uid.clone(),
-            account: Some("web-sa".into()),
+            account: Some(account.into()),
         };
-        s.judge(&view, vec![seen], at(base, 1));
+        s.judge(view, vec![seen], at(base, 1));
+    }
+
+    #[test]
+    fn a_pod_whose_service_account_the_view_lacks_is_read_once_then_answered() {
+        let (mut s, view, base) = (signer(), metadata_only(), Instant::now());
+        read_as(&mut s, &view, base, "web-sa");
         let pass = s.pass(&view, at(base, 1));
         assert!(pass.looks.is_empty());
         assert_eq!(answers(&pass)[0].outcome, "issued");
@@ -703,16 +713,8 @@ mod tests {
 
     #[test]
     fn a_pod_whose_service_account_differs_from_the_one_read_is_denied() {
-        let mut metadata_only = pod();
-        metadata_only.service_account.clear();
-        let (mut s, view, base) = (signer(), view(vec![metadata_only]), Instant::now());
-        let look = s.pass(&view, at(base, 0)).looks.remove(0);
-        let seen = Seen::Account {
-            request: look.request,
-            pod_uid: look.pod_uid,
-            account: Some("admin".into()),
-        };
-        s.judge(&view, vec![seen], at(base, 1));
+        let (mut s, view, base) = (signer(), metadata_only(), Instant::now());
+        read_as(&mut s, &view, base, "admin");
         let pass = s.pass(&view, at(base, 1));
         let denial = answers(&pass)[0].denied.clone().unwrap();
         assert_eq!(denial.reason, "ServiceAccountMismatch");
