@@ -296,6 +296,8 @@ mod tests {
         PodRecord {
             namespace: Arc::from(ns),
             name: name.into(),
+            uid: format!("{ns}/{name}"),
+            service_account: String::new(),
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -14,9 +14,11 @@ use std::future::Future;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{InjectionPolicy, InjectionPolicyStatus};
 use splice_engine::{CompiledPolicy, NamespaceContext};
@@ -192,6 +194,35 @@ pub trait Loop: Send + 'static {
 
     /// Publishes what the last pass measured.
     fn publish(&mut self, metrics: &Metrics);
+}
+
+/// Keeps `writer`'s store current from a watch of `api` (managedFields dropped: nothing reads
+/// them); for a loop that owns caches besides the view, run inside its task so that ending the
+/// term ends the watch. `what` names the watch in warnings.
+pub async fn reflect<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    watcher(api, config)
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer)
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "{what}");
+            }
+        })
+        .await;
 }
 
 /// What every loop reads and writes through.

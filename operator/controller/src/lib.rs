@@ -17,6 +17,7 @@ pub mod context;
 pub mod coverage;
 pub mod driver;
 pub mod guard;
+pub mod identity;
 pub mod leader;
 pub mod metrics;
 pub mod policy;

@@ -24,6 +24,10 @@ pub const PROBE_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Upper bounds (seconds) of `splice_identity_issuance_duration_seconds`: from a request's
+/// creation (whole seconds) to the signer's answer, a tick of one second and a few API calls.
+pub const IDENTITY_BUCKETS: [f64; 10] = [0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0];
+
 /// The `state` label values of `splice_coverage_pods`, in the order `set_coverage` takes them.
 pub const COVERAGE_STATES: [&str; 4] = ["matched", "current", "outdated", "missed"];
 
@@ -84,6 +88,16 @@ struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgeLabel {
+    over_30s: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
     policy: String,
 }
@@ -122,6 +136,10 @@ pub struct Metrics {
     rolling: Mutex<HashSet<String>>,
     values_problem: Family<PolicyLabel, Gauge>,
     not_enforced: Family<PolicyLabel, Gauge>,
+    identity_requests: Family<OutcomeLabel, Counter>,
+    identity_latency: Histogram,
+    identity_pending: Family<AgeLabel, Gauge>,
+    identity_available: Gauge,
 }
 
 impl Default for Metrics {
@@ -156,6 +174,10 @@ impl Metrics {
             rolling: Mutex::new(HashSet::new()),
             values_problem: Family::default(),
             not_enforced: Family::default(),
+            identity_requests: Family::default(),
+            identity_latency: Histogram::new(IDENTITY_BUCKETS.iter().copied()),
+            identity_pending: Family::default(),
+            identity_available: Gauge::default(),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -213,7 +235,52 @@ impl Metrics {
             "1 while the API server is not seen enforcing a served policy's generation (Ready AwaitingEnforcement or NotEnforced), else 0",
             metrics.not_enforced.clone(),
         );
+        registry.register(
+            "splice_identity_requests",
+            "PodCertificateRequests for the splice.dev/identity signer answered by this replica, by outcome: issued, denied, failed",
+            metrics.identity_requests.clone(),
+        );
+        registry.register(
+            "splice_identity_issuance_duration_seconds",
+            "From a PodCertificateRequest's creation to the signer's answer",
+            metrics.identity_latency.clone(),
+        );
+        registry.register(
+            "splice_identity_pending_requests",
+            "PodCertificateRequests for the splice.dev/identity signer not answered yet, by whether they are older than 30 s",
+            metrics.identity_pending.clone(),
+        );
+        registry.register(
+            "splice_identity_signer_available",
+            "1 while the leader runs the splice.dev/identity signer; 0 when the API server does not serve podcertificaterequests",
+            metrics.identity_available.clone(),
+        );
         metrics
+    }
+
+    /// Counts one answered identity request (`issued`, `denied`, `failed`) and how long after its
+    /// creation it was answered.
+    pub fn observe_identity(&self, outcome: &'static str, latency: Option<Duration>) {
+        self.identity_requests
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        if let Some(latency) = latency {
+            self.identity_latency.observe(latency.as_secs_f64());
+        }
+    }
+
+    /// Records the identity requests not answered yet: `young` at most 30 s old, `old` older.
+    pub fn set_identity_pending(&self, young: i64, old: i64) {
+        for (over_30s, n) in [("false", young), ("true", old)] {
+            self.identity_pending
+                .get_or_create(&AgeLabel { over_30s })
+                .set(n);
+        }
+    }
+
+    /// Records whether the identity signer runs (the API server serves podcertificaterequests).
+    pub fn set_identity_available(&self, available: bool) {
+        self.identity_available.set(i64::from(available));
     }
 
     /// Records whether `policy`'s `valuesFrom` can be rendered now (Ready's SourceMissing and

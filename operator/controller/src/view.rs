@@ -1,8 +1,9 @@
 //! The leader's one view of the cluster's pods and namespaces: one metadata-only watch of each
-//! (a compact record per pod: namespace, labels, creation time, owner kind, the versions in
-//! `splice.dev/status`), and the one rule that says where a selected pod stands for a policy
-//! ([`classify`]: current, outdated or missed). Coverage, the admission probe, the rollout and the
-//! reconcile's evidence of enforcement read it; none keeps a watch of its own.
+//! (a compact record per pod: namespace, name, UID, labels, creation time, owner kind, the
+//! versions in `splice.dev/status`), and the one rule that says where a selected pod stands for a policy
+//! ([`classify`]: current, outdated or missed). Coverage, the admission probe, the rollout, the
+//! identity signer and the reconcile's evidence of enforcement read it; none keeps a watch of its
+//! own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +27,12 @@ use tokio::sync::watch;
 pub struct PodRecord {
     pub namespace: Arc<str>,
     pub name: String,
+    /// Its UID: a PodCertificateRequest names the pod it was made for by UID.
+    pub uid: String,
+    /// `spec.serviceAccountName`; empty when unset ("default", as the API server takes it) or
+    /// unknown: the metadata-only watch never sees the spec, so the identity signer reads it
+    /// from the pod itself once per pod (`identity::Signer`).
+    pub service_account: String,
     pub labels: BTreeMap<String, String>,
     pub created: Option<Timestamp>,
     /// (policy, version) for each entry of `splice.dev/status`: the template hash, and the data
@@ -216,6 +223,8 @@ pub fn record(
     Some(PodRecord {
         namespace,
         name: meta.name_any(),
+        uid: meta.metadata.uid.clone().unwrap_or_default(),
+        service_account: String::new(),
         labels: meta.metadata.labels.clone().unwrap_or_default(),
         created: meta.metadata.creation_timestamp.as_ref().map(|t| t.0),
         injected,

@@ -79,7 +79,7 @@ fn new_key() -> Result<KeyPair, CaError> {
 /// A random 128-bit serial. rcgen's default serial is a hash of the subject key; a random one is
 /// what RFC 5280 asks for. The randomness comes from the operating system's CSPRNG through a
 /// throwaway P-256 key (whose public point is uniformly chosen), so no extra RNG crate is needed.
-fn random_serial() -> Result<SerialNumber, CaError> {
+pub(crate) fn random_serial() -> Result<SerialNumber, CaError> {
     let throwaway = new_key()?;
     let raw = throwaway.public_key_raw();
     // Skip the 0x04 uncompressed-point tag; clear the top bit so the DER integer stays positive.
@@ -94,10 +94,13 @@ fn random_serial() -> Result<SerialNumber, CaError> {
     Ok(SerialNumber::from(bytes))
 }
 
-fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParams, CaError> {
+/// The parameters of a CA named `common_name` (Splice's own, or the identity intermediate under
+/// it): path length 0, certificate and CRL signing, SHA-256 key identifiers, a random serial.
+/// The caller sets the validity.
+pub(crate) fn ca_params_named(common_name: &str) -> Result<CertificateParams, CaError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "splice webhook CA");
+    dn.push(DnType::CommonName, common_name);
     dn.push(DnType::OrganizationName, "splice.dev");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
@@ -109,6 +112,11 @@ fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParam
     params.key_identifier_method = KeyIdMethod::Sha256;
     params.use_authority_key_identifier_extension = true;
     params.serial_number = Some(random_serial()?);
+    Ok(params)
+}
+
+fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParams, CaError> {
+    let mut params = ca_params_named("splice webhook CA")?;
     params.not_before = now - backdate(lifetime);
     params.not_after = now + lifetime;
     Ok(params)

@@ -879,6 +879,8 @@ mod tests {
         PodRecord {
             namespace: Arc::from("shop"),
             name: "web-1".into(),
+            uid: "web-1".into(),
+            service_account: String::new(),
             labels: [("app".to_owned(), "web".to_owned())].into(),
             created: Some(Timestamp::from_second(500).unwrap()),
             injected: vec![("mesh".to_owned(), "old".to_owned())],

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetStatus, Deployment, DeploymentStatus, StatefulSet, StatefulSetStatus,
 };
@@ -32,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use splice_crds::{
     ConditionStatus, InjectionPolicy, RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION,
@@ -102,6 +101,9 @@ pub struct Config {
     pub trust_domain: String,
 }
 
+/// What a failed watch of the workload caches says.
+const WATCHING: &str = "rollout: watching workloads";
+
 /// The workload caches, each a reflector of the term.
 struct Caches {
     deployments: Store<Deployment>,
@@ -119,11 +121,12 @@ pub async fn run(config: Config, inputs: Inputs) {
     let (daemonsets, w3) = reflector::store::<DaemonSet>();
     let (budgets, w4) = reflector::store::<PodDisruptionBudget>();
     // The watches run inside this task, so ending the term ends them too.
+    let every = watcher::Config::default;
     let watches = futures::future::join4(
-        reflect(Api::<Deployment>::all(client.clone()), w1),
-        reflect(Api::<StatefulSet>::all(client.clone()), w2),
-        reflect(Api::<DaemonSet>::all(client.clone()), w3),
-        reflect(Api::<PodDisruptionBudget>::all(client.clone()), w4),
+        driver::reflect(Api::all(client.clone()), every(), w1, WATCHING),
+        driver::reflect(Api::all(client.clone()), every(), w2, WATCHING),
+        driver::reflect(Api::all(client.clone()), every(), w3, WATCHING),
+        driver::reflect(Api::all(client.clone()), every(), w4, WATCHING),
     );
     let io = Io {
         client,
@@ -147,28 +150,6 @@ pub async fn run(config: Config, inputs: Inputs) {
         _ = watches => {}
         _ = driver::run(rollout, io, inputs) => {}
     }
-}
-
-async fn reflect<K>(api: Api<K>, writer: reflector::store::Writer<K>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .modify(|o| o.managed_fields_mut().clear())
-        .reflect(writer)
-        .for_each(|event| async move {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "rollout: watching workloads");
-            }
-        })
-        .await;
 }
 
 impl Loop for Rollout {

@@ -24,7 +24,7 @@ use crate::leader::Leadership;
 use crate::metrics::Metrics;
 use crate::policy::reconcile::{error_policy, reconcile};
 use crate::policy::{neighbours, validating};
-use crate::{Context, Settings, certs, coverage, driver, guard, probe, rollout, view};
+use crate::{Context, Settings, certs, coverage, driver, guard, identity, probe, rollout, view};
 
 /// The tasks of one leadership term, owned together: ending the term (or dropping it) aborts
 /// every one of them, whichever await each is in. A dropped `JoinHandle` would detach its task
@@ -196,6 +196,15 @@ pub(super) fn lead(
     ));
     term.spawn(coverage::run(
         settings.namespace.clone(),
+        inputs(observed.clone()),
+    ));
+    // Runs only when the API server serves podcertificaterequests (checked at each term).
+    term.spawn(identity::run(
+        identity::Config {
+            trust_domain: settings.trust_domain.clone(),
+            splice_namespace: settings.namespace.clone(),
+            max_lifetime_seconds: identity::decide::DEFAULT_MAX_LIFETIME_SECONDS,
+        },
         inputs(observed.clone()),
     ));
     if let Some(interval) = settings.probe_interval {
