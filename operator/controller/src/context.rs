@@ -89,6 +89,8 @@ pub struct Context {
     pub values: Arc<ValuesCache>,
     /// The leader's namespace watch, to pick where a dry-run pod shows a generation enforced.
     pub namespaces: Arc<Mutex<crate::view::Namespaces>>,
+    /// Whether the API server serves PodCertificateRequests (`None`: not known yet).
+    pub pod_certificates: watch::Receiver<Option<bool>>,
     /// Generations written but not yet seen enforced, per policy (see [`enforcement`]).
     awaiting: Mutex<HashMap<String, enforcement::Awaiting>>,
     /// Consecutive failures per policy, for the retry backoff.
@@ -112,6 +114,7 @@ pub struct ContextParts {
     pub neighbours: Arc<neighbours::Neighbours>,
     pub values: Arc<ValuesCache>,
     pub namespaces: Arc<Mutex<crate::view::Namespaces>>,
+    pub pod_certificates: watch::Receiver<Option<bool>>,
 }
 
 impl Context {
@@ -146,6 +149,7 @@ impl Context {
             entry_specs: in_force::EntrySpecs::default(),
             values: parts.values,
             namespaces: parts.namespaces,
+            pod_certificates: parts.pod_certificates,
             awaiting: Mutex::default(),
             failures: Mutex::default(),
             status,
@@ -248,6 +252,7 @@ pub(crate) mod tests {
                     settings.namespace.clone(),
                 )),
                 namespaces,
+                pod_certificates: watch::channel(Some(true)).1,
             }
         }
     }

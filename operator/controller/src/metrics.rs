@@ -135,6 +135,7 @@ pub struct Metrics {
     /// Policies whose rollout is exported now.
     rolling: Mutex<HashSet<String>>,
     values_problem: Family<PolicyLabel, Gauge>,
+    pod_certificates_unavailable: Family<PolicyLabel, Gauge>,
     not_enforced: Family<PolicyLabel, Gauge>,
     identity_requests: Family<OutcomeLabel, Counter>,
     identity_latency: Histogram,
@@ -173,6 +174,7 @@ impl Metrics {
             rollout: Family::default(),
             rolling: Mutex::new(HashSet::new()),
             values_problem: Family::default(),
+            pod_certificates_unavailable: Family::default(),
             not_enforced: Family::default(),
             identity_requests: Family::default(),
             identity_latency: Histogram::new(IDENTITY_BUCKETS.iter().copied()),
@@ -229,6 +231,11 @@ impl Metrics {
             "splice_values_source_problem",
             "1 while a policy's spec.valuesFrom cannot be rendered (a source missing, outside the allowed namespaces, or data a template cannot render); the last good rendering keeps serving",
             metrics.values_problem.clone(),
+        );
+        registry.register(
+            "splice_policy_pod_certificates_unavailable",
+            "1 while a policy has spec.identity and the API server does not serve PodCertificateRequests (Ready PodCertificatesUnavailable), else 0",
+            metrics.pod_certificates_unavailable.clone(),
         );
         registry.register(
             "splice_policy_not_enforced",
@@ -291,6 +298,15 @@ impl Metrics {
                 policy: policy.to_owned(),
             })
             .set(i64::from(problem));
+    }
+
+    /// Records whether `policy` gives pods an identity the API server cannot serve.
+    pub fn set_pod_certificates_unavailable(&self, policy: &str, unavailable: bool) {
+        self.pod_certificates_unavailable
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(unavailable));
     }
 
     /// Records whether the API server is not (yet) seen enforcing `policy`'s generation.

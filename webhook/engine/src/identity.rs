@@ -23,6 +23,12 @@ use splice_crds::{
 pub const CREDENTIAL_BUNDLE_FILE: &str = "credentialbundle.pem";
 /// The file of the `clusterTrustBundle` projection.
 pub const TRUST_BUNDLE_FILE: &str = "ca.pem";
+/// Why `spec.identity` cannot work on an API server without PodCertificateRequests: said by
+/// `/validate` at apply and by the Ready condition (`PodCertificatesUnavailable`).
+pub const UNSERVED: &str = "the API server does not serve certificates.k8s.io/v1beta1 \
+    podcertificaterequests (feature gate PodCertificateRequest and --runtime-config \
+    certificates.k8s.io/v1beta1/podcertificaterequests=true): it drops a podCertificate volume \
+    without a word, so no pod would get a certificate";
 /// The trust domain when the run names none (`--trust-domain`).
 pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 /// The service account a pod runs as when its spec names none.

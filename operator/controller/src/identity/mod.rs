@@ -26,6 +26,7 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use tokio::sync::watch;
 
 use self::bundle::BUNDLE_NAME;
 use self::signer::{Act, Answer, Extra, Look, Seen, Signer};
@@ -91,6 +92,38 @@ pub async fn served(client: &Client) -> Served {
             }
         }
         Err(_) => Served::default(),
+    }
+}
+
+/// How often every replica asks discovery again whether PodCertificateRequests are served.
+pub const SERVED_PERIOD: Duration = Duration::from_secs(60);
+
+/// Keeps `tx` at whether the API server serves podcertificaterequests, on every replica (`None`
+/// until discovery answered; a failed discovery keeps the last answer): `/validate` refuses
+/// `spec.identity` without them and the reconcile says so in Ready.
+pub async fn track_served(client: Client, tx: watch::Sender<Option<bool>>) {
+    let mut ticker = tokio::time::interval(SERVED_PERIOD);
+    loop {
+        ticker.tick().await;
+        let served = match client
+            .list_api_group_resources("certificates.k8s.io/v1beta1")
+            .await
+        {
+            Ok(list) => list
+                .resources
+                .iter()
+                .any(|r| r.name == "podcertificaterequests"),
+            Err(kube::Error::Api(s)) if s.code == 404 => false,
+            Err(e) => {
+                tracing::debug!(error = %e, "discovery of certificates.k8s.io/v1beta1");
+                continue;
+            }
+        };
+        tx.send_if_modified(|known| {
+            let changed = *known != Some(served);
+            *known = Some(served);
+            changed
+        });
     }
 }
 

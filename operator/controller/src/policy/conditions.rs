@@ -119,6 +119,8 @@ pub struct Observation<'a> {
     /// Why the data of `spec.valuesFrom` cannot be rendered (the Ready reason and message); the
     /// last good rendering keeps serving meanwhile.
     pub values_problem: Option<(&'static str, String)>,
+    /// The policy has `spec.identity` and the API server does not serve PodCertificateRequests.
+    pub pod_certificates_unserved: bool,
     /// The path the outcome is about: a webhook configuration, or in-tree objects.
     pub path: Path,
 }
@@ -140,6 +142,9 @@ impl Path {
         }
     }
 }
+
+/// Ready's reason for an identity policy on an API server without PodCertificateRequests.
+pub const REASON_POD_CERTIFICATES_UNAVAILABLE: &str = "PodCertificatesUnavailable";
 
 /// Keeps condition messages readable in `kubectl describe`; the full list is in the Events.
 const MAX_LISTED_CONFLICTS: usize = 5;
@@ -313,6 +318,18 @@ pub fn desired_status(
                 "{problem}. Every replica keeps serving the last rendering that had its data (a \
                  replica that never had it does not inject this policy); restoring the object or \
                  key clears this."
+            ),
+        ),
+        _ => ready,
+    };
+    let ready = match obs.webhook {
+        WebhookOutcome::Applied { .. } if obs.pod_certificates_unserved => (
+            ConditionStatus::False,
+            REASON_POD_CERTIFICATES_UNAVAILABLE,
+            format!(
+                "spec.identity: {}. Pods are injected, but get no certificate until the API \
+                 server serves them.",
+                splice_engine::identity::UNSERVED
             ),
         ),
         _ => ready,
@@ -540,6 +557,7 @@ mod tests {
             shared_with: &[],
             policy: "p",
             values_problem: None,
+            pod_certificates_unserved: false,
             path: Path::Webhook,
         }
     }
@@ -885,14 +903,18 @@ mod tests {
         assert!(!elsewhere.contains("wins"), "{elsewhere}");
     }
 
-    #[test]
-    fn a_missing_values_source_makes_ready_false_naming_it_while_the_configuration_stays() {
-        let webhook = applied();
-        let fp = FailurePolicyDecision {
+    fn ignore_requested() -> FailurePolicyDecision {
+        FailurePolicyDecision {
             effective: FailurePolicy::Ignore,
             reason: "IgnoreRequested",
             message: String::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_missing_values_source_makes_ready_false_naming_it_while_the_configuration_stays() {
+        let webhook = applied();
+        let fp = ignore_requested();
         let mut o = obs(&webhook, &fp, &[]);
         o.values_problem = Some((
             "SourceMissing",
@@ -912,5 +934,38 @@ mod tests {
         );
         assert_eq!(of("WebhookConfigured").status, "True");
         assert_eq!(status.webhook_configuration.as_deref(), Some("splice-p"));
+    }
+
+    #[test]
+    fn an_identity_policy_without_pod_certificates_is_not_ready_saying_why_while_it_stays_configured()
+     {
+        let webhook = applied();
+        let fp = ignore_requested();
+        let mut o = obs(&webhook, &fp, &[]);
+        o.pod_certificates_unserved = true;
+        let status = desired_status(None, &o, ts(1));
+        let of = |t: &str| status.conditions.iter().find(|c| c.type_ == t).unwrap();
+        let ready = of("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "PodCertificatesUnavailable")
+        );
+        assert!(
+            ready.message.contains("podcertificaterequests"),
+            "{}",
+            ready.message
+        );
+        assert_eq!(of("WebhookConfigured").status, "True");
+        o.pod_certificates_unserved = false;
+        let status = desired_status(Some(&status), &o, ts(2));
+        assert_ne!(
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Ready")
+                .unwrap()
+                .reason,
+            "PodCertificatesUnavailable"
+        );
     }
 }

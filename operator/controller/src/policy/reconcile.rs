@@ -125,7 +125,7 @@ async fn look(
     let generation = policy.metadata.generation.unwrap_or_default();
     let compiled = match (&d.in_force, outcome, policy.spec.paused) {
         (InForce::Current(c), WebhookOutcome::Applied { .. }, false)
-            if values_problem(ctx, c).is_none() =>
+            if values_problem(ctx, c).is_none() && !pod_certificates_unserved(ctx, c) =>
         {
             c
         }
@@ -445,6 +445,9 @@ async fn report(
         shared_with: &shared_with,
         policy: &name,
         values_problem: in_force.compiled().and_then(|c| values_problem(ctx, c)),
+        pod_certificates_unserved: in_force
+            .compiled()
+            .is_some_and(|c| pod_certificates_unserved(ctx, c)),
         path: match d.mode.effective {
             splice_crds::Mode::InTree => Path::InTree,
             splice_crds::Mode::Webhook | splice_crds::Mode::Auto => Path::Webhook,
@@ -453,6 +456,8 @@ async fn report(
     // Every policy exports it (0 without valuesFrom), so the series exists before a problem.
     ctx.metrics
         .set_values_problem(&name, observation.values_problem.is_some());
+    ctx.metrics
+        .set_pod_certificates_unavailable(&name, observation.pod_certificates_unserved);
     // status.coverage belongs to the coverage loop's own field manager, status.probe and the
     // Verified condition to the probe's, status.rollout and RolledOut to the rollout's: left out here, they are neither compared nor applied (so
     // this apply never removes or reverts them).
@@ -521,6 +526,12 @@ fn values_problem(ctx: &Context, compiled: &CompiledPolicy) -> Option<(&'static 
                 .map(|e| ("InvalidValues", e.to_string()))
         }
     }
+}
+
+/// Whether the policy in force gives pods an identity the API server cannot serve (known only
+/// once discovery answered).
+fn pod_certificates_unserved(ctx: &Context, compiled: &CompiledPolicy) -> bool {
+    compiled.spec().identity.is_some() && *ctx.pod_certificates.borrow() == Some(false)
 }
 
 /// The Ready reason for a policy that does not compile.

@@ -87,6 +87,7 @@ pub(super) fn lead(
         policies_changed,
         secret_changed,
         serving,
+        pod_certificates,
     } = caches;
     let policies = policy_api(&client);
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
@@ -164,6 +165,7 @@ pub(super) fn lead(
             neighbours,
             values: Arc::clone(&values),
             namespaces: Arc::clone(&namespaces),
+            pod_certificates: pod_certificates.clone(),
         },
     ));
     term.spawn(view::watch_namespaces(
@@ -222,6 +224,8 @@ pub(super) fn lead(
     let everything = futures::stream::select(everything, changes(certificate_problem));
     // A change of valuesFrom data may make a source missing or present again (Ready).
     let everything = futures::stream::select(everything, changes(values.subscribe()));
+    // PodCertificateRequests served or gone: Ready of every identity policy.
+    let everything = futures::stream::select(everything, changes(pod_certificates));
     let controller = controller
         .owns(
             configurations,
@@ -416,6 +420,7 @@ mod tests {
                 policies_changed,
                 secret_changed,
                 serving,
+                pod_certificates: watch::channel(None).1,
             },
         );
         // The CA loop, the validating configuration, and the policy, namespace and pod watches.

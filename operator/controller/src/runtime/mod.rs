@@ -81,6 +81,7 @@ pub async fn run(
         identity = %settings.lease.identity,
         "splice run starting"
     );
+    let (tx, rx) = signals();
     let mut config = WebhookConfig::new(&settings.namespace);
     // After SIGTERM (which the preStop sleep delays until the pod has left the ready endpoints),
     // 2 s more of service with `Connection: close` retires the API server's pooled connections to
@@ -92,6 +93,7 @@ pub async fn run(
         allowed: settings.values_namespaces.clone(),
         default_namespace: settings.namespace.clone(),
     });
+    config.pod_certificates = Some(rx.pod_certificates.clone());
     let server = WebhookServer::new(
         config,
         Arc::clone(&policies),
@@ -105,7 +107,6 @@ pub async fn run(
     let admin_task = tokio::spawn(admin.serve(admin_listener, stopped()));
 
     // Caches every replica keeps: the webhook answers from them.
-    let (tx, rx) = signals();
     // The data of `valuesFrom`: one ConfigMap and one Secret watch per allowed namespace.
     let values = Arc::new(ValuesCache::new(
         settings.values_namespaces.clone(),
@@ -142,6 +143,10 @@ pub async fn run(
             settings.lease.retry_period,
             settings.lease.lease_duration,
         )),
+        tokio::spawn(crate::identity::track_served(
+            client.clone(),
+            tx.pod_certificates,
+        )),
         tokio::spawn(track_readiness(
             Arc::clone(&readiness),
             rx.policies_synced,
@@ -164,6 +169,7 @@ pub async fn run(
         policies_changed: rx.policies_changed,
         secret_changed: rx.secret_changed,
         serving: rx.serving,
+        pod_certificates: rx.pod_certificates.clone(),
     };
     let supervisor = {
         let (client, settings, metrics) = (client.clone(), settings.clone(), Arc::clone(&metrics));
@@ -206,6 +212,7 @@ struct Senders {
     ca_bundle: watch::Sender<Option<Arc<String>>>,
     secret_changed: watch::Sender<u64>,
     serving: watch::Sender<ServingCert>,
+    pod_certificates: watch::Sender<Option<bool>>,
 }
 
 /// The receiving ends of [`Senders`].
@@ -217,6 +224,7 @@ struct Receivers {
     ca_bundle: watch::Receiver<Option<Arc<String>>>,
     secret_changed: watch::Receiver<u64>,
     serving: watch::Receiver<ServingCert>,
+    pod_certificates: watch::Receiver<Option<bool>>,
 }
 
 /// Every channel of [`run`]'s feeds, made in one place.
@@ -228,6 +236,7 @@ fn signals() -> (Senders, Receivers) {
     let (ca_bundle, ca_bundle_rx) = watch::channel(None);
     let (secret_changed, secret_changed_rx) = watch::channel(0u64);
     let (serving, serving_rx) = watch::channel(ServingCert::default());
+    let (pod_certificates, pod_certificates_rx) = watch::channel(None);
     (
         Senders {
             policies_changed,
@@ -237,6 +246,7 @@ fn signals() -> (Senders, Receivers) {
             ca_bundle,
             secret_changed,
             serving,
+            pod_certificates,
         },
         Receivers {
             policies_changed: policies_changed_rx,
@@ -246,6 +256,7 @@ fn signals() -> (Senders, Receivers) {
             ca_bundle: ca_bundle_rx,
             secret_changed: secret_changed_rx,
             serving: serving_rx,
+            pod_certificates: pod_certificates_rx,
         },
     )
 }
@@ -330,4 +341,6 @@ pub(super) struct Caches {
     pub(super) policies_changed: watch::Receiver<u64>,
     pub(super) secret_changed: watch::Receiver<u64>,
     pub(super) serving: watch::Receiver<ServingCert>,
+    /// Whether the API server serves PodCertificateRequests (`None`: not known yet).
+    pub(super) pod_certificates: watch::Receiver<Option<bool>>,
 }

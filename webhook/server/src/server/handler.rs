@@ -218,8 +218,10 @@ impl Handler {
                 (response, Outcomes::All(outcome))
             }
             (Target::Validate, Ok(body)) => {
+                let config = &self.inner.config;
+                let pod_certificates = config.pod_certificates.as_ref().and_then(|rx| *rx.borrow());
                 let (response, outcome) =
-                    validate_policy(&body, self.inner.config.values_scope.as_ref());
+                    validate_policy(&body, config.values_scope.as_ref(), pod_certificates);
                 (response, Outcomes::All(outcome))
             }
             (Target::Policies(members), Ok(body)) => self.admit(members, &body).await,
@@ -498,6 +500,7 @@ impl Outcomes {
 fn validate_policy(
     body: &[u8],
     values_scope: Option<&validate::ValuesScope>,
+    pod_certificates: Option<bool>,
 ) -> (HttpResponse, Outcome) {
     let review = match admission::parse_review(body) {
         Ok(review) => review,
@@ -514,7 +517,7 @@ fn validate_policy(
         );
         return (text(StatusCode::BAD_REQUEST, &message), Outcome::BadRequest);
     };
-    match validate::judge(object.text(), values_scope) {
+    match validate::judge(object.text(), values_scope, pod_certificates) {
         validate::Verdict::Admit(warnings) => {
             let warnings: Vec<String> = warnings.iter().map(ToString::to_string).collect();
             (allow(&review, None, &warnings), Outcome::Allowed)

@@ -79,6 +79,9 @@ pub struct WebhookConfig {
     /// without a namespace reads, so `/validate` refuses a source elsewhere at apply; `None`
     /// judges no namespace (`splice webhook`).
     pub values_scope: Option<validate::ValuesScope>,
+    /// Whether the API server serves PodCertificateRequests (`None` inside: not known yet), so
+    /// `/validate` refuses `spec.identity` without them; `None`: not judged (`splice webhook`).
+    pub pod_certificates: Option<tokio::sync::watch::Receiver<Option<bool>>>,
 }
 
 impl WebhookConfig {
@@ -100,6 +103,7 @@ impl WebhookConfig {
             // Under the smallest timeoutSeconds (1 s), with room for the engine and the network.
             cache_wait: Some(Duration::from_millis(750)),
             values_scope: None,
+            pod_certificates: None,
         }
     }
 }

@@ -43,8 +43,13 @@ pub struct ValuesScope {
 }
 
 /// Judges the JSON text of an InjectionPolicy as the API server hands it to a validating
-/// webhook (after its own schema validation and defaulting).
-pub fn judge(object: &str, values_scope: Option<&ValuesScope>) -> Verdict {
+/// webhook (after its own schema validation and defaulting). `pod_certificates`: whether the API
+/// server serves PodCertificateRequests (`None`: not known, so not judged).
+pub fn judge(
+    object: &str,
+    values_scope: Option<&ValuesScope>,
+    pod_certificates: Option<bool>,
+) -> Verdict {
     let mut de = serde_json::Deserializer::from_str(object);
     let parsed: Result<PolicyObject, _> = serde_path_to_error::deserialize(&mut de);
     let policy = match parsed {
@@ -67,6 +72,12 @@ pub fn judge(object: &str, values_scope: Option<&ValuesScope>) -> Verdict {
     {
         return Verdict::Refuse(format!("policy {name}: {e}"));
     }
+    if policy.spec.identity.is_some() && pod_certificates == Some(false) {
+        return Verdict::Refuse(format!(
+            "policy {name}: spec.identity: {}",
+            splice_engine::identity::UNSERVED
+        ));
+    }
     match CompiledPolicy::compile(&name, generation, &policy.spec) {
         // `mode: InTree` is a promise that nothing on the request path depends on Splice: a
         // policy that cannot keep it is refused, naming the expression.
@@ -88,7 +99,7 @@ mod tests {
     use super::*;
 
     fn judge_json(v: serde_json::Value) -> Verdict {
-        judge(&v.to_string(), None)
+        judge(&v.to_string(), None, None)
     }
 
     #[test]
@@ -101,7 +112,7 @@ mod tests {
             allowed: vec!["splice-system".into()],
             default_namespace: "splice-system".into(),
         };
-        let Verdict::Refuse(m) = judge(&p.to_string(), Some(&scope)) else {
+        let Verdict::Refuse(m) = judge(&p.to_string(), Some(&scope), None) else {
             panic!("admitted")
         };
         assert!(
@@ -110,7 +121,32 @@ mod tests {
         );
         p["spec"]["valuesFrom"][0]["configMapKeyRef"]["namespace"] = "splice-system".into();
         assert!(matches!(
-            judge(&p.to_string(), Some(&scope)),
+            judge(&p.to_string(), Some(&scope), None),
+            Verdict::Admit(_)
+        ));
+    }
+
+    #[test]
+    fn an_identity_policy_is_refused_where_the_api_server_lacks_pod_certificates_and_only_there() {
+        let mut p = policy(serde_json::json!({"containers": [{"name": "proxy", "image": "p"}]}));
+        p["spec"]["identity"] = serde_json::json!({"mountPath": "/var/run/id"});
+        let Verdict::Refuse(m) = judge(&p.to_string(), None, Some(false)) else {
+            panic!("admitted")
+        };
+        assert!(
+            m.contains("spec.identity: the API server does not serve"),
+            "{m}"
+        );
+        assert!(m.contains("podcertificaterequests"), "{m}");
+        for served in [Some(true), None] {
+            assert!(matches!(
+                judge(&p.to_string(), None, served),
+                Verdict::Admit(_)
+            ));
+        }
+        p["spec"].as_object_mut().unwrap().remove("identity");
+        assert!(matches!(
+            judge(&p.to_string(), None, Some(false)),
             Verdict::Admit(_)
         ));
     }
