@@ -155,6 +155,15 @@ pub(crate) fn check(spec: &InjectionPolicySpec) -> Result<(), (String, String)> 
             ));
         }
     }
+    // The signer signs with ring, which has no P-521: every such request would be denied.
+    if id.key_type == splice_crds::IdentityKeyType::EcdsaP521 {
+        return Err((
+            "spec.identity.keyType".into(),
+            "Splice's signer does not issue for ECDSAP521 keys; use ECDSAP256, ECDSAP384, \
+             ED25519, RSA3072 or RSA4096"
+                .into(),
+        ));
+    }
     if let Some(trust) = &id.trust_bundle_path
         && trust == &id.mount_path
     {
@@ -410,6 +419,14 @@ template:
     fn refusal(identity: &str) -> (String, String) {
         let err = compile(&spec(identity, "x")).unwrap_err();
         (err.field().to_owned(), err.to_string())
+    }
+
+    #[test]
+    fn a_key_type_the_signer_cannot_sign_is_refused_at_compile_naming_the_ones_it_can() {
+        let (field, message) = refusal("identity: {mountPath: /id, keyType: ECDSAP521}");
+        assert_eq!(field, "spec.identity.keyType");
+        assert!(message.contains("ECDSAP384"), "{message}");
+        assert!(compile(&spec("identity: {mountPath: /id, keyType: ED25519}", "x")).is_ok());
     }
 
     #[test]

@@ -94,16 +94,20 @@ pub(crate) fn random_serial() -> Result<SerialNumber, CaError> {
     Ok(SerialNumber::from(bytes))
 }
 
-/// The parameters of a CA named `common_name` (Splice's own, or the identity intermediate under
-/// it): path length 0, certificate and CRL signing, SHA-256 key identifiers, a random serial.
-/// The caller sets the validity.
-pub(crate) fn ca_params_named(common_name: &str) -> Result<CertificateParams, CaError> {
+/// The parameters of a CA named `common_name`, with `path_len` CAs allowed below it (1 for
+/// Splice's own, whose identity intermediate signs the pods' leaves; 0 for that intermediate):
+/// certificate and CRL signing, SHA-256 key identifiers, a random serial. The caller sets the
+/// validity.
+pub(crate) fn ca_params_named(
+    common_name: &str,
+    path_len: u8,
+) -> Result<CertificateParams, CaError> {
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common_name);
     dn.push(DnType::OrganizationName, "splice.dev");
     params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(path_len));
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -116,7 +120,7 @@ pub(crate) fn ca_params_named(common_name: &str) -> Result<CertificateParams, Ca
 }
 
 fn ca_params(now: OffsetDateTime, lifetime: Duration) -> Result<CertificateParams, CaError> {
-    let mut params = ca_params_named("splice webhook CA")?;
+    let mut params = ca_params_named("splice webhook CA", 1)?;
     params.not_before = now - backdate(lifetime);
     params.not_after = now + lifetime;
     Ok(params)
@@ -385,13 +389,15 @@ mod tests {
     }
 
     #[test]
-    fn the_ca_is_a_p256_path_length_zero_cert_signing_ca_with_explicit_validity_and_key_ids() {
+    fn the_ca_is_a_p256_cert_signing_ca_allowing_one_intermediate_with_explicit_validity_and_key_ids()
+     {
         let ca = ca();
         let der = der(&ca.cert_pem);
         let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
         let bc = cert.basic_constraints().unwrap().unwrap().value;
         assert!(bc.ca);
-        assert_eq!(bc.path_len_constraint, Some(0));
+        // The identity signer's intermediate, and no CA below it.
+        assert_eq!(bc.path_len_constraint, Some(1));
         assert!(cert.key_usage().unwrap().unwrap().value.key_cert_sign());
         let exts: Vec<_> = cert
             .extensions()

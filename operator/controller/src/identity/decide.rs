@@ -28,8 +28,9 @@ pub const FAILED: &str = "Failed";
 
 /// The signer's own cap on a certificate's lifetime (24 h), below any request's maximum.
 pub const DEFAULT_MAX_LIFETIME_SECONDS: i64 = 86_400;
-/// How far a certificate starts in the past, for nodes whose clock runs behind.
-pub const BACKDATE_SECONDS: i64 = 300;
+/// How far a certificate starts in the past, for nodes whose clock runs behind: the API server
+/// refuses a notBefore 5 minutes or more from its own clock, so a minute less.
+pub const BACKDATE_SECONDS: i64 = 240;
 /// The API server wants beginRefreshAt at least this far after notBefore and before notAfter.
 pub const REFRESH_MARGIN_SECONDS: i64 = 600;
 /// A test knob on the policy: refresh this many seconds after notBefore (at least
@@ -519,6 +520,7 @@ pub(crate) mod tests {
                 signer_max,
             ));
             assert_eq!(i.not_before, NOW - BACKDATE_SECONDS);
+            assert!(NOW - i.not_before < 300, "the API server's 5-minute window");
             assert_eq!(i.not_after - i.not_before, lifetime);
             assert!(i.begin_refresh_at >= i.not_before + REFRESH_MARGIN_SECONDS);
             assert!(i.begin_refresh_at <= i.not_after - REFRESH_MARGIN_SECONDS);

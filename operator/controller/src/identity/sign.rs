@@ -114,7 +114,7 @@ impl Intermediate {
         let root_info = ca::inspect(&root.cert_pem, "the CA certificate")?;
         let root_issuer =
             Issuer::from_ca_cert_pem(&root.cert_pem, KeyPair::from_pem(&root.key_pem)?)?;
-        let mut params = ca::ca_params_named("splice identity signer")?;
+        let mut params = ca::ca_params_named("splice identity signer", 0)?;
         let mut constraints =
             CustomExtension::from_oid_content(NAME_CONSTRAINTS, uri_name_constraints(trust_domain));
         constraints.set_criticality(true);
