@@ -25,7 +25,8 @@ use operator::*;
 use serde_json::{Value, json};
 use splice_e2e::{NODE_LABEL, TestNamespace, real_node, wait_until};
 
-/// The two tests that start several pods take turns on the real node.
+/// One test at a time: each Splice instance writes the signer's one ClusterTrustBundle with its
+/// own roots.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const SIGNER: &str = "splice.dev/identity";
@@ -401,7 +402,7 @@ async fn a_hand_written_pod_naming_the_signer_is_denied_with_a_warning_and_gets_
 #[tokio::test]
 async fn a_forced_early_refresh_gives_the_pod_a_new_certificate_that_the_application_serves()
 -> Result<()> {
-    // Not serialized with the others: it holds two pods and mostly waits for the kubelet.
+    let _serial = SERIAL.lock().await;
     let client = splice_e2e::client().await?;
     real_node(&client).await?;
     let (setup, ns, name) = start("identity-refresh").await?;

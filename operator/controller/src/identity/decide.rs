@@ -77,6 +77,9 @@ pub enum Decision {
         reason: &'static str,
         message: String,
     },
+    /// Another Splice instance's to answer: the pod's record names only policies this one does
+    /// not manage (`--policy-selector`), so denying would refuse that instance's pod.
+    Leave,
 }
 
 fn deny(reason: &'static str, message: String) -> Decision {
@@ -138,6 +141,10 @@ pub fn decide(
                 spec.service_account_name
             ),
         );
+    }
+    let managed = |name: &str| signer.policies.iter().any(|(p, _)| p.name_any() == name);
+    if !pod.injected.is_empty() && !pod.injected.iter().any(|(p, _)| managed(p)) {
+        return Decision::Leave;
     }
     let Some((policy, lifetime_cap)) = selecting_policy(pod, &ns, signer) else {
         return deny(
@@ -425,7 +432,20 @@ pub(crate) mod tests {
             Decision::Issue(_) => ("issue", ""),
             Decision::Deny { reason, .. } => ("deny", reason),
             Decision::Fail { reason, .. } => ("fail", reason),
+            Decision::Leave => ("leave", ""),
         }
+    }
+
+    #[test]
+    fn a_pod_injected_only_by_another_instances_policies_is_left_to_that_instance() {
+        let mut theirs = pod();
+        theirs.injected = vec![("other-mesh".to_owned(), "h".to_owned())];
+        let d = decide_with(&request(), Some(&theirs), &policy(86_400, true), 86_400);
+        assert_eq!(reason(&d), ("leave", ""));
+        // One of ours among them: decided here (a Deny names the pod to its own instance).
+        theirs.injected.push(("mesh".to_owned(), "h".to_owned()));
+        let d = decide_with(&request(), Some(&theirs), &policy(86_400, true), 86_400);
+        assert_eq!(reason(&d), ("issue", ""));
     }
 
     #[test]

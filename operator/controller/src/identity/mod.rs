@@ -63,6 +63,8 @@ pub enum IdentityError {
     Sign(#[from] sign::SignError),
     #[error("{0} is not a time a certificate can hold")]
     Time(i64),
+    #[error("another Splice instance answers this request")]
+    NotOurs,
 }
 
 impl IdentityError {

@@ -215,6 +215,9 @@ impl Signer {
                 .copied();
             let (pod, look) = with_account(&self.accounts, pod, pcr, &uid);
             let decision = decide::decide(pcr, pod.as_deref(), &scope, now.wall.as_second());
+            if matches!(decision, Decision::Leave) {
+                continue;
+            }
             // Only an issue depends on the service account assumed: read it first.
             if let (Some(look), Decision::Issue(_)) = (look, &decision) {
                 let asked = pass.looks.iter().any(|l| l.pod_uid == look.pod_uid);
@@ -339,6 +342,8 @@ fn answer(
                 None,
             )
         }
+        // `answer_all` never answers these.
+        Decision::Leave => return Err(IdentityError::NotOurs),
         Decision::Issue(issue) => {
             let chain = sign_leaf(intermediate, config, ca, &issue, at)?;
             let note = format!("issued {} to {request}", issue.spiffe_id);
