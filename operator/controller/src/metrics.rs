@@ -262,6 +262,12 @@ impl Metrics {
             "1 while the leader runs the splice.dev/identity signer; 0 when the API server does not serve podcertificaterequests",
             metrics.identity_available.clone(),
         );
+        // Every outcome exported from the start, so a rate and its alert see 0, not nothing.
+        for outcome in ["issued", "denied", "failed"] {
+            metrics
+                .identity_requests
+                .get_or_create(&OutcomeLabel { outcome });
+        }
         metrics
     }
 

@@ -16,6 +16,7 @@ const BEFORE: &str = include_str!("fixtures/metrics-before.prom");
 /// plain gauge or histogram; an empty family prints nothing): not part of the comparison.
 const ADDED_SINCE: &[&str] = &[
     "splice_identity_issuance_duration_seconds",
+    "splice_identity_requests_total",
     "splice_identity_signer_available",
 ];
 
