@@ -264,7 +264,7 @@ impl Metrics {
         );
         // Every outcome exported from the start, so a rate and its alert see 0, not nothing.
         for outcome in ["issued", "denied", "failed"] {
-            metrics
+            let _ = metrics
                 .identity_requests
                 .get_or_create(&OutcomeLabel { outcome });
         }
