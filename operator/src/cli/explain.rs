@@ -268,13 +268,13 @@ impl IdentityRequest {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.status == "True"));
         match settled {
-            Some(c) if c.type_ == "Issued" => {
+            Some(c) if c.type_ == splice_controller::identity::decide::ISSUED => {
                 let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
                     t.map_or_else(|| "?".to_owned(), |t| t.0.to_string())
                 };
                 IdentityRequest {
                     name,
-                    state: "Issued".into(),
+                    state: splice_controller::identity::decide::ISSUED.into(),
                     detail: format!(
                         "valid until {}, the kubelet refreshes it from {}",
                         at(status.and_then(|s| s.not_after.as_ref())),

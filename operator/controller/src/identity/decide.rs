@@ -182,9 +182,10 @@ pub fn decide(
     let not_before = now - BACKDATE_SECONDS;
     let not_after = not_before + lifetime;
     Decision::Issue(Issue {
-        spiffe_id: format!(
-            "spiffe://{}/ns/{ns}/sa/{}",
-            signer.trust_domain, spec.service_account_name
+        spiffe_id: splice_engine::identity::spiffe_id(
+            signer.trust_domain,
+            &ns,
+            Some(&spec.service_account_name),
         ),
         policy: policy.name_any(),
         spki,

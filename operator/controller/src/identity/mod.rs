@@ -80,20 +80,28 @@ pub struct Served {
     pub bundles: bool,
 }
 
-/// Which of podcertificaterequests and clustertrustbundles the API server serves.
+/// Which of podcertificaterequests and clustertrustbundles the API server serves; a failed
+/// discovery counts as neither.
 pub async fn served(client: &Client) -> Served {
+    discover(client).await.unwrap_or_default()
+}
+
+/// One discovery of `certificates.k8s.io/v1beta1`: a group version not served at all (404) is
+/// an answer (nothing served), any other failure is not.
+async fn discover(client: &Client) -> Result<Served, kube::Error> {
     match client
         .list_api_group_resources("certificates.k8s.io/v1beta1")
         .await
     {
         Ok(list) => {
             let has = |name: &str| list.resources.iter().any(|r| r.name == name);
-            Served {
+            Ok(Served {
                 requests: has("podcertificaterequests"),
                 bundles: has("clustertrustbundles"),
-            }
+            })
         }
-        Err(_) => Served::default(),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Served::default()),
+        Err(e) => Err(e),
     }
 }
 
@@ -107,15 +115,8 @@ pub async fn track_served(client: Client, tx: watch::Sender<Option<bool>>) {
     let mut ticker = tokio::time::interval(SERVED_PERIOD);
     loop {
         ticker.tick().await;
-        let served = match client
-            .list_api_group_resources("certificates.k8s.io/v1beta1")
-            .await
-        {
-            Ok(list) => list
-                .resources
-                .iter()
-                .any(|r| r.name == "podcertificaterequests"),
-            Err(kube::Error::Api(s)) if s.code == 404 => false,
+        let served = match discover(&client).await {
+            Ok(served) => served.requests,
             Err(e) => {
                 tracing::debug!(error = %e, "discovery of certificates.k8s.io/v1beta1");
                 continue;
