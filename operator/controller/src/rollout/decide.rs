@@ -3,7 +3,7 @@
 //! write and when, the restarts and in-place updates to make, and the pods to read; then what
 //! those came to. [`super::io`] makes the writes and reads; [`crate::driver`] runs both.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,6 +33,9 @@ use crate::view::{self, PodRecord, PodState};
 
 /// How many outdated pods one pass reads in full to sort, at most (the rest wait a pass).
 const SORT_PER_PASS: usize = 500;
+/// At most one `UpdatedInPlace` Event per policy in this many seconds, naming every pod updated
+/// since the last: an Event per pass made the Events' writes grow with the rollout's duration.
+const UPDATED_EVENT_EVERY: i64 = 30;
 
 /// What a rollout pass decides from: the snapshot, with every workload as its cache shows it.
 pub type View = Snapshot<Vec<Workload>>;
@@ -65,6 +68,11 @@ pub struct Rollout {
     resized: HashSet<PodRef>,
     /// This tick's Events that follow no status write (`Restarted`, `UpdatedInPlace`).
     events: Vec<(Arc<InjectionPolicy>, PlannedEvent)>,
+    /// Per policy, the pods updated in place that no `UpdatedInPlace` Event named yet: (the
+    /// policy, the revision, the pods).
+    unnamed: BTreeMap<String, (Arc<InjectionPolicy>, String, Vec<PodRef>)>,
+    /// Per policy, when its last `UpdatedInPlace` Event was planned.
+    named_at: HashMap<String, Timestamp>,
     /// This tick's Events that follow its status writes; a write that fails drops its own.
     held: Vec<(Arc<InjectionPolicy>, Held)>,
     /// What the last pass measured, until published.
@@ -307,6 +315,8 @@ impl Rollout {
             resizing: HashMap::new(),
             resized: HashSet::new(),
             events: Vec::new(),
+            unnamed: BTreeMap::new(),
+            named_at: HashMap::new(),
             held: Vec::new(),
             gauges: None,
         }
@@ -315,7 +325,10 @@ impl Rollout {
     /// One planning pass: the status writes now, the restarts and in-place updates to make,
     /// and the pods to read for the next pass.
     pub fn decide(&mut self, view: &View, now: Now) -> Pass<Look, Act> {
+        self.name_updated_pods(now.wall);
         let candidates = candidates(view);
+        self.named_at
+            .retain(|p, _| candidates.iter().any(|c| c.name == *p));
         if candidates.is_empty() {
             self.gauges = Some(HashMap::new());
             return Pass::default();
@@ -692,9 +705,50 @@ impl Rollout {
                 }
             }
         }
-        if let Some(note) = plan::updated_note(&of.name, &of.revision, &names) {
+        if names.is_empty() {
+            return;
+        }
+        // A new revision names the pods of the last one first.
+        if self
+            .unnamed
+            .get(&of.name)
+            .is_some_and(|(_, revision, _)| *revision != of.revision)
+        {
+            self.name_updated(&of.name);
+        }
+        let (_, _, pods) = self
+            .unnamed
+            .entry(of.name.clone())
+            .or_insert_with(|| (of.policy, of.revision, Vec::new()));
+        pods.extend(names);
+    }
+
+    /// Plans the `UpdatedInPlace` Event of each policy whose last one is [`UPDATED_EVENT_EVERY`]
+    /// old (or that had none), naming the pods updated since.
+    pub fn name_updated_pods(&mut self, now: Timestamp) {
+        let due: Vec<String> = self
+            .unnamed
+            .keys()
+            .filter(|p| {
+                self.named_at
+                    .get(*p)
+                    .is_none_or(|at| now.as_second() - at.as_second() >= UPDATED_EVENT_EVERY)
+            })
+            .cloned()
+            .collect();
+        for policy in due {
+            self.name_updated(&policy);
+            self.named_at.insert(policy, now);
+        }
+    }
+
+    fn name_updated(&mut self, policy: &str) {
+        let Some((p, revision, pods)) = self.unnamed.remove(policy) else {
+            return;
+        };
+        if let Some(note) = plan::updated_note(policy, &revision, &pods) {
             let e = event(Severity::Normal, "UpdatedInPlace", note);
-            self.events.push((of.policy, e));
+            self.events.push((p, e));
         }
     }
 
@@ -1166,10 +1220,32 @@ mod tests {
             resize: false,
             at: Timestamp::now(),
         };
-        r.judged(vec![Seen::Updated(of, vec![(pod_key(), done)])]);
+        r.judged(vec![Seen::Updated(of.clone(), vec![(pod_key(), done)])]);
+        r.name_updated_pods(Timestamp::now());
         let events = r.take_events();
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].1.reason, "UpdatedInPlace");
+
+        // Pods updated within 30 s of that Event are named together in the next one.
+        let t0 = Timestamp::now();
+        let later = |s: i64| t0 + k8s_openapi::jiff::SignedDuration::from_secs(s);
+        for (i, t) in [(2, 1), (3, 10), (4, 29)] {
+            let mut pod = pod_key();
+            pod.name = format!("web-{i}");
+            let done = Updated::Written {
+                resize: false,
+                at: later(t),
+            };
+            r.judged(vec![Seen::Updated(of.clone(), vec![(pod, done)])]);
+            r.name_updated_pods(later(t));
+            assert!(r.take_events().is_empty(), "an Event {t}s after the last");
+        }
+        r.name_updated_pods(later(31));
+        let events = r.take_events();
+        let [(_, e)] = events.as_slice() else {
+            panic!("one Event naming three pods: {}", events.len())
+        };
+        assert!(e.note.starts_with("Updated 3 pods in place"), "{}", e.note);
 
         let third = r.decide(&v, Now::current());
         assert!(third.acts.is_empty(), "updated once");

@@ -36,6 +36,7 @@ pub struct Io {
 }
 
 /// A policy's revision, as an act names it.
+#[derive(Clone)]
 pub struct Of {
     pub policy: Arc<InjectionPolicy>,
     pub name: String,

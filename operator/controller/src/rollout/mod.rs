@@ -196,8 +196,9 @@ impl Loop for Rollout {
         io::act(io, act).await
     }
 
-    fn judge(&mut self, _view: &View, seen: Vec<Seen>, _now: Now) -> Vec<Write> {
+    fn judge(&mut self, _view: &View, seen: Vec<Seen>, now: Now) -> Vec<Write> {
         self.judged(seen);
+        self.name_updated_pods(now.wall);
         Vec::new()
     }
 
