@@ -1,5 +1,5 @@
-# Shared by the benchmarks that run on a control plane of their own (controller.sh, admission.sh):
-# source it after setting cp_dir, kubectl and SPLICE_BIN.
+# Shared by the benchmarks that run on a control plane of their own (controller.sh, rollout.sh,
+# identity.sh, admission.sh): source it after setting repo, cp_dir, kubectl and SPLICE_BIN.
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -13,6 +13,26 @@ bench_control_plane() {
     sleep 0.5
   done
   "$kubectl" create namespace splice-system >/dev/null
+}
+
+# Starts one `splice run` named NAME (its log target/bench-NAME-splice.log) managing the
+# policies of instance "bench", with any more arguments, and waits until it is ready; sets
+# port, admin, instance, splice_log and splice_pid. KUBECONFIG may be set for it alone.
+start_bench_splice() {
+  local name=$1
+  shift
+  port=$(free_port)
+  admin=$(free_port)
+  instance=bench
+  mkdir -p "$repo/target"
+  splice_log=$repo/target/bench-$name-splice.log
+  SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
+    --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
+    --admin-listen "127.0.0.1:$admin" \
+    --policy-selector "e2e.splice.dev/instance=$instance" \
+    "$@" > "$splice_log" 2>&1 &
+  splice_pid=$!
+  wait_splice_ready "$admin" "$splice_log"
 }
 
 # Waits until the `splice run` whose admin port is $1 is ready; $2 is its log, named on failure.

@@ -44,19 +44,7 @@ trap stop_splice_and_control_plane EXIT
 
 bench_control_plane
 
-port=$(free_port)
-admin=$(free_port)
-instance=bench
-mkdir -p "$repo/target"
-splice_log=$repo/target/bench-controller-splice.log
-SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
-  --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
-  --admin-listen "127.0.0.1:$admin" \
-  --policy-selector "e2e.splice.dev/instance=$instance" \
-  $([ "${PROBE:-1}" = 0 ] && echo --probe-interval 0) \
-  > "$splice_log" 2>&1 &
-splice_pid=$!
-wait_splice_ready "$admin" "$splice_log"
+start_bench_splice controller $([ "${PROBE:-1}" = 0 ] && echo --probe-interval 0)
 
 python3 "$repo/e2e/bench/controller.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --splice-pid "$splice_pid" --admin "$admin" --policies "${POLICIES:-1000}" --pods "${PODS:-10000}" \

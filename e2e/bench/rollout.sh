@@ -72,19 +72,7 @@ c["users"][0]["user"]["as-groups"] = ["system:masters", "system:authenticated"]
 json.dump(c, sys.stdout)' "$user" > "$splice_kubeconfig"
 
 max=${MAX_CONCURRENT:-10}
-port=$(free_port)
-admin=$(free_port)
-instance=bench
-mkdir -p "$repo/target"
-splice_log=$repo/target/bench-rollout-splice.log
-KUBECONFIG=$splice_kubeconfig SPLICE_LOG=${SPLICE_LOG:-info} "$SPLICE_BIN" run --namespace splice-system \
-  --webhook-url "https://127.0.0.1:$port" --listen "127.0.0.1:$port" \
-  --admin-listen "127.0.0.1:$admin" \
-  --policy-selector "e2e.splice.dev/instance=$instance" \
-  --rollout-max-concurrent "${CAP:-$max}" \
-  > "$splice_log" 2>&1 &
-splice_pid=$!
-wait_splice_ready "$admin" "$splice_log"
+KUBECONFIG=$splice_kubeconfig start_bench_splice rollout --rollout-max-concurrent "${CAP:-$max}"
 
 python3 "$repo/e2e/bench/rollout.py" --kubeconfig "$KUBECONFIG" --instance "$instance" \
   --user "$user" --audit-log "$audit_log" --rows "${ROWS:-restart,in-place}" \

@@ -3,8 +3,9 @@
 //! certificates, each with its SPIFFE ID and chaining to the ClusterTrustBundle Splice publishes;
 //! the applications (`testapp serve --tls` / `fetch --tls`) complete mTLS through the pod network
 //! in both directions, each checking the other's SPIFFE ID; a hand-written pod naming the signer
-//! is Denied with a Warning; a forced early `beginRefreshAt` makes the kubelet fetch a new
-//! certificate that the application serves.
+//! is Denied with a Warning; a CA rotation under two pods exchanging mTLS requests breaks none of
+//! them, while a pod started after it and the early refresh the test forces (`beginRefreshAt`)
+//! get certificates under the new CA, which the application serves.
 //!
 //! Splice runs as a local process (`splice run`); the pods really run on the real node, whose
 //! control plane serves PodCertificateRequests (`make up`, unless SPLICE_POD_CERTIFICATES=0).
@@ -13,6 +14,8 @@
 mod operator;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -25,12 +28,7 @@ use operator::*;
 use serde_json::{Value, json};
 use splice_e2e::{NODE_LABEL, TestNamespace, real_node, wait_until};
 
-/// One test at a time: each Splice instance writes the signer's one ClusterTrustBundle with its
-/// own roots.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const SIGNER: &str = "splice.dev/identity";
-const BUNDLE: &str = "splice.dev:identity:roots";
 const SIDECAR: &str = "mtls";
 const MOUNT: &str = "/var/run/splice/identity";
 const ROOTS: &str = "/var/run/splice/roots";
@@ -38,6 +36,22 @@ const PORT: u16 = 8443;
 
 fn report(line: String) {
     splice_e2e::report("identity", line);
+}
+
+/// The ClusterTrustBundle of the Splice instance in `splice_ns`.
+fn bundle_of(splice_ns: &str) -> String {
+    format!("splice.dev:identity:{splice_ns}")
+}
+
+/// The roots `splice_ns`'s instance publishes.
+async fn roots_of(client: &kube::Client, splice_ns: &str) -> Result<String> {
+    let name = bundle_of(splice_ns);
+    Ok(Api::<ClusterTrustBundle>::all(client.clone())
+        .get(&name)
+        .await
+        .with_context(|| format!("the trust bundle {name}"))?
+        .spec
+        .trust_bundle)
 }
 
 fn spiffe(ns: &str, sa: &str) -> String {
@@ -231,7 +245,6 @@ async fn start(prefix: &str) -> Result<(Setup, TestNamespace, String)> {
 #[tokio::test]
 async fn three_pods_get_three_certificates_chaining_to_the_bundle_and_complete_mtls_checking_each_others_spiffe_id()
 -> Result<()> {
-    let _serial = SERIAL.lock().await;
     let client = splice_e2e::client().await?;
     real_node(&client).await?;
     let (setup, ns, _name) = start("identity").await?;
@@ -261,12 +274,7 @@ async fn three_pods_get_three_certificates_chaining_to_the_bundle_and_complete_m
     let up = created.elapsed();
     let pods = started(&ns).await?;
     let chains = issued(&ns.name).await?;
-    let roots = Api::<ClusterTrustBundle>::all(client.clone())
-        .get(BUNDLE)
-        .await
-        .context("the trust bundle")?
-        .spec
-        .trust_bundle;
+    let roots = roots_of(&client, &setup.splice_ns.name).await?;
     let mut serials = Vec::new();
     for (pod, chain) in &chains {
         let chain = chain.last().context("no chain")?;
@@ -275,7 +283,7 @@ async fn three_pods_get_three_certificates_chaining_to_the_bundle_and_complete_m
         ensure!(id == spiffe(&ns.name, sa), "pod {pod}: SPIFFE ID {id}");
         ensure!(
             chains_to(chain, &roots)?,
-            "pod {pod}: its chain does not reach {BUNDLE}"
+            "pod {pod}: its chain does not reach its instance's bundle"
         );
         serials.push(serial);
     }
@@ -334,7 +342,6 @@ async fn three_pods_get_three_certificates_chaining_to_the_bundle_and_complete_m
 #[tokio::test]
 async fn a_hand_written_pod_naming_the_signer_is_denied_with_a_warning_and_gets_nothing()
 -> Result<()> {
-    let _serial = SERIAL.lock().await;
     let client = splice_e2e::client().await?;
     real_node(&client).await?;
     let (_setup, _ns, _name) = start("identity-deny").await?;
@@ -399,13 +406,44 @@ async fn a_hand_written_pod_naming_the_signer_is_denied_with_a_warning_and_gets_
     Ok(())
 }
 
+/// mTLS requests in both directions between `(from, url, peer)` pairs, from a thread of their
+/// own until `stop`: (requests that succeeded, what each failure said).
+fn traffic(
+    ns: String,
+    pairs: Vec<(String, String, String)>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            for (from, url, peer) in &pairs {
+                match fetch(&ns, from, url, peer) {
+                    Ok(out) if out.contains("fetch ok") => ok += 1,
+                    Ok(out) => failed.push(format!("{from} -> {url}: {out}")),
+                    Err(e) => failed.push(format!("{from} -> {url}: {e:#}")),
+                }
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        (ok, failed)
+    })
+}
+
+/// The pod's newest issued chain.
+async fn newest_chain(ns: &str, pod: &str) -> Result<String> {
+    issued(ns)
+        .await?
+        .get(pod)
+        .and_then(|c| c.last().cloned())
+        .with_context(|| format!("a chain for {pod}"))
+}
+
 #[tokio::test]
-async fn a_forced_early_refresh_gives_the_pod_a_new_certificate_that_the_application_serves()
+async fn a_ca_rotation_under_live_mtls_breaks_no_request_and_new_certificates_come_from_the_new_ca()
 -> Result<()> {
-    let _serial = SERIAL.lock().await;
     let client = splice_e2e::client().await?;
     real_node(&client).await?;
-    let (setup, ns, name) = start("identity-refresh").await?;
+    let (setup, ns, name) = start("identity-rotate").await?;
     // The earliest refresh the API server allows: 10 minutes after notBefore, which the signer
     // backdates 4 minutes, so about 6 minutes from now.
     let policies: Api<splice_crds::InjectionPolicy> = Api::all(client.clone());
@@ -426,24 +464,74 @@ async fn a_forced_early_refresh_gives_the_pod_a_new_certificate_that_the_applica
         Ok(started(&ns).await?.len() == 2)
     })
     .await?;
-    let server_ip = started(&ns)
-        .await?
-        .get("server")
-        .cloned()
-        .context("server IP")?;
-    let url = format!("https://{server_ip}:{PORT}/whoami");
-    let web = spiffe(&ns.name, "web");
-    let first = issued(&ns.name).await?;
-    let first_serial = leaf_of(
-        first
-            .get("server")
-            .and_then(|c| c.last())
-            .context("a chain")?,
-    )?
-    .0;
+    let ips = started(&ns).await?;
+    let ip = |pod: &str| ips.get(pod).cloned().with_context(|| format!("{pod}'s IP"));
+    let url = format!("https://{}:{PORT}/whoami", ip("server")?);
+    let (web, client_id) = (spiffe(&ns.name, "web"), spiffe(&ns.name, "client"));
+    let first_serial = leaf_of(&newest_chain(&ns.name, "server").await?)?.0;
     let out = fetch(&ns.name, "client", &url, &web)?;
     ensure!(out.contains("fetch ok"), "{out}");
+    let old_roots = roots_of(&client, &setup.splice_ns.name).await?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let live = traffic(
+        ns.name.clone(),
+        vec![
+            ("client".into(), url.clone(), web.clone()),
+            (
+                "server".into(),
+                format!("https://{}:{PORT}/whoami", ip("client")?),
+                client_id.clone(),
+            ),
+        ],
+        Arc::clone(&stop),
+    );
     let asked = Instant::now();
+    let rotate = std::process::Command::new(splice_bin()?)
+        .args(["rotate", "--namespace", &setup.splice_ns.name])
+        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+        .output()?;
+    ensure!(rotate.status.success(), "splice rotate: {rotate:?}");
+    wait_until(
+        Duration::from_secs(60),
+        "the new CA's root in the instance's bundle",
+        || async { Ok(ders(&roots_of(&client, &setup.splice_ns.name).await?)?.len() >= 2) },
+    )
+    .await?;
+    let published = asked.elapsed();
+
+    // Past Splice's trust propagation (2 minutes by default) a new pod's certificate chains to
+    // the new root, which the kubelet has projected into the live pods by then.
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    let p: Pod =
+        serde_json::from_value(json!({"metadata": {"name": "late"}, "spec": pod_spec("client")}))?;
+    ns.api::<Pod>().create(&PostParams::default(), &p).await?;
+    wait_until(Duration::from_secs(180), "the late pod started", || async {
+        Ok(started(&ns).await?.contains_key("late"))
+    })
+    .await?;
+    let late = newest_chain(&ns.name, "late").await?;
+    ensure!(
+        !chains_to(&late, &old_roots)?,
+        "the late pod's certificate still chains to the old CA"
+    );
+    let late_ip = started(&ns)
+        .await?
+        .get("late")
+        .cloned()
+        .context("late IP")?;
+    for (from, to, peer) in [
+        ("late", url.clone(), web.clone()),
+        (
+            "server",
+            format!("https://{late_ip}:{PORT}/whoami"),
+            client_id.clone(),
+        ),
+    ] {
+        let out = fetch(&ns.name, from, &to, &peer)?;
+        ensure!(out.contains("fetch ok"), "{from} -> {to}: {out}");
+    }
+
     wait_until(
         Duration::from_secs(600),
         "a second certificate for the server pod",
@@ -455,15 +543,14 @@ async fn a_forced_early_refresh_gives_the_pod_a_new_certificate_that_the_applica
         },
     )
     .await?;
-    let second = issued(&ns.name).await?;
-    let new_serial = leaf_of(
-        second
-            .get("server")
-            .and_then(|c| c.last())
-            .context("a chain")?,
-    )?
-    .0;
+    let refreshed = newest_chain(&ns.name, "server").await?;
+    let new_serial = leaf_of(&refreshed)?.0;
     ensure!(new_serial != first_serial, "the refresh kept the serial");
+    ensure!(
+        !chains_to(&refreshed, &old_roots)?
+            && chains_to(&refreshed, &roots_of(&client, &setup.splice_ns.name).await?)?,
+        "the refreshed certificate does not chain to the new CA only"
+    );
     // The kubelet writes the new bundle; the server reads it at the next handshake.
     let want = hex(&new_serial);
     wait_until(
@@ -479,8 +566,24 @@ async fn a_forced_early_refresh_gives_the_pod_a_new_certificate_that_the_applica
         },
     )
     .await?;
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = live
+        .join()
+        .map_err(|_| anyhow::anyhow!("the traffic thread panicked"))?;
+    ensure!(
+        failed.is_empty(),
+        "{} of {} mTLS requests failed during the rotation, first: {}",
+        failed.len(),
+        ok + failed.len(),
+        failed[0]
+    );
+    ensure!(ok > 100, "only {ok} mTLS requests were made");
     report(format!(
-        "early refresh: a new certificate {:.0}s after the first fetch, served at the next handshake",
+        "CA rotation under live mTLS: {ok} requests, 0 failed; new root published {:.0}s after \
+         `splice rotate`; a pod started 150s later chains to the new CA and talks both ways with \
+         the old-CA pods; the early refresh came {:.0}s after the rotation, under the new CA, \
+         served at the next handshake",
+        published.as_secs_f64(),
         asked.elapsed().as_secs_f64()
     ));
     drop(setup);

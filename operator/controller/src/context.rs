@@ -53,6 +53,8 @@ pub struct Settings {
     pub values_namespaces: Vec<String>,
     /// The SPIFFE trust domain of the pod identities Splice signs (`spec.identity`).
     pub trust_domain: String,
+    /// How long a new CA's root is published before pod certificates chain to it.
+    pub identity_trust_propagation: std::time::Duration,
 }
 
 /// What every reconcile reads and shares.
@@ -286,6 +288,7 @@ pub(crate) mod tests {
             rollout_max_concurrent: crate::rollout::DEFAULT_MAX_CONCURRENT,
             values_namespaces: vec!["splice-system".into()],
             trust_domain: "cluster.local".into(),
+            identity_trust_propagation: crate::identity::TRUST_PROPAGATION,
         }
     }
 }

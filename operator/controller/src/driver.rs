@@ -129,6 +129,9 @@ pub trait Loop: Send + 'static {
     const OWNER: Owner;
     /// Whether it reads the pods (a snapshot costs an Arc per pod, taken when they changed).
     const PODS: bool;
+    /// How many of a tick's acts are taken at once (each after its own leadership check): 1
+    /// keeps their order; the signer's answers are independent.
+    const ACTS_AT_ONCE: usize = 1;
     /// What it asks to look at between deciding and judging (the probe's dry runs).
     type Look: Send + 'static;
     /// Its own writes besides status slices (a rollout's restarts), each taken after a last
@@ -143,6 +146,19 @@ pub trait Loop: Send + 'static {
     type Extra: Default + Send + Sync + 'static;
 
     fn period(&self) -> Duration;
+
+    /// Resolves when something `Io` watches calls for a tick before the period is up (a new
+    /// request to the signer); never, by default.
+    fn woken(io: &Self::Io) -> impl Future<Output = ()> + Send {
+        let _ = io;
+        std::future::pending()
+    }
+
+    /// Whether the tick just taken left work that the next pass can do at once (the signer
+    /// issues once the pods it read are known), rather than at the next period.
+    fn again(&self) -> bool {
+        false
+    }
 
     /// Decides from one snapshot. Pure; runs off the async workers (it may be CPU work).
     fn pass(&mut self, view: &Snapshot<Self::Extra>, now: Now) -> Pass<Self::Look, Self::Act>;
@@ -196,30 +212,71 @@ pub trait Loop: Send + 'static {
     fn publish(&mut self, metrics: &Metrics);
 }
 
-/// Keeps `writer`'s store current from a watch of `api` (managedFields dropped: nothing reads
-/// them); for a loop that owns caches besides the view, run inside its task so that ending the
-/// term ends the watch. `what` names the watch in warnings.
-pub async fn reflect<K>(
-    api: kube::Api<K>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-    what: &'static str,
-) where
+/// What [`reflect`] can watch.
+pub trait Watched:
+    Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
     K: Resource<DynamicType = ()>
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
+}
+
+/// A wake-up for a loop's [`Loop::woken`]: rung for each object seen that `calls` calls for.
+pub struct Wake<K> {
+    pub notify: Arc<tokio::sync::Notify>,
+    pub calls: fn(&K) -> bool,
+}
+
+/// Keeps `writer`'s store current from a watch of `api` (managedFields dropped: nothing reads
+/// them); for a loop that owns caches besides the view, run inside its task so that ending the
+/// term ends the watch. `what` names the watch in warnings.
+pub async fn reflect<K: Watched>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+) {
+    reflect_waking(api, config, writer, what, None).await;
+}
+
+/// [`reflect`], and `wake` rung, once the store holds an object, if it calls for it.
+pub async fn reflect_waking<K: Watched>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    wake: Option<Wake<K>>,
+) {
+    let wake = wake.as_ref();
     watcher(api, config)
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer)
         .for_each(|event| async move {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "{what}");
+            match event {
+                Err(e) => tracing::warn!(error = %e, "{what}"),
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                    if let Some(w) = wake
+                        && (w.calls)(&o)
+                    {
+                        w.notify.notify_one();
+                    }
+                }
+                Ok(_) => {}
             }
         })
         .await;
@@ -259,7 +316,10 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
     let mut ticker = tokio::time::interval(l.period());
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            () = L::woken(&io) => {}
+        }
         let Some(snapshot) = views.take::<L>(&cache, &served, &view, &writer, &io) else {
             tracing::debug!(what = L::NAME, "waiting for the pod and namespace lists");
             continue;
@@ -282,12 +342,25 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
             return;
         }
         let mut seen = Vec::new();
-        for act in pass.acts {
-            if !leading.now() {
+        let mut acts = futures::stream::iter(pass.acts)
+            .map(|act| {
+                let (io, leading) = (&io, &leading);
+                async move {
+                    if leading.now() {
+                        Some(L::act(io, act).await)
+                    } else {
+                        None
+                    }
+                }
+            })
+            .buffered(L::ACTS_AT_ONCE.max(1));
+        while let Some(done) = acts.next().await {
+            let Some(done) = done else {
                 return;
-            }
-            seen.push(L::act(&io, act).await);
+            };
+            seen.push(done);
         }
+        drop(acts);
         if !pass.looks.is_empty() {
             seen.extend(L::look(&io, &snapshot, pass.looks).await);
         }
@@ -305,6 +378,9 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
             publish(&recorder, &policy, event).await;
         }
         l.publish(&metrics);
+        if l.again() {
+            ticker.reset_immediately();
+        }
     }
 }
 

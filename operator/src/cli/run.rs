@@ -80,6 +80,12 @@ pub struct Args {
     #[arg(long, env = "SPLICE_TRUST_DOMAIN", default_value = "cluster.local", value_parser = parse_trust_domain)]
     trust_domain: String,
 
+    /// After a CA rotation, how long the new root is in the published ClusterTrustBundle before
+    /// pod certificates chain to it: longer than the kubelets take to project it into pods (they
+    /// do at each pod sync, `syncFrequency` plus up to half of it).
+    #[arg(long, env = "SPLICE_IDENTITY_TRUST_PROPAGATION", default_value = "2m", value_parser = parse_duration)]
+    identity_trust_propagation: Duration,
+
     /// Address of the webhook (HTTPS) listener.
     #[arg(long, env = "SPLICE_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -196,6 +202,7 @@ fn settings(args: &Args) -> anyhow::Result<Settings> {
             args.values_namespaces.clone()
         },
         trust_domain: args.trust_domain.clone(),
+        identity_trust_propagation: args.identity_trust_propagation,
     })
 }
 

@@ -197,6 +197,8 @@ pub struct CertInfo {
     /// Subject key identifier in hex (empty when absent).
     pub key_id: String,
     pub is_ca: bool,
+    /// A CA's path length constraint: how many CAs it allows below it (`None`: no limit).
+    pub path_len: Option<u32>,
 }
 
 impl CertInfo {
@@ -240,8 +242,10 @@ fn info(cert: &X509Certificate<'_>, what: &'static str) -> Result<CertInfo, CaEr
     }
     let mut issuer_key_id = String::new();
     let mut key_id = String::new();
+    let mut path_len = None;
     for ext in cert.extensions() {
         match ext.parsed_extension() {
+            ParsedExtension::BasicConstraints(bc) => path_len = bc.path_len_constraint,
             ParsedExtension::AuthorityKeyIdentifier(aki) => {
                 if let Some(id) = &aki.key_identifier {
                     issuer_key_id = hex(id.0);
@@ -259,6 +263,7 @@ fn info(cert: &X509Certificate<'_>, what: &'static str) -> Result<CertInfo, CaEr
         issuer_key_id,
         key_id,
         is_ca: cert.is_ca(),
+        path_len,
     })
 }
 

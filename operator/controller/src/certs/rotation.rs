@@ -324,7 +324,9 @@ pub fn decide(state: &CaState, observed: &Observed, timing: &Timing) -> Step {
     }
     match state.phase {
         Phase::Stable => {
-            let renew_at = ca::inspect(&state.active.cert_pem, "the CA certificate")
+            let info = ca::inspect(&state.active.cert_pem, "the CA certificate");
+            let renew_at = info
+                .as_ref()
                 .map(|i| i.renew_at(timing.lifetimes.renew_fraction))
                 .unwrap_or(now);
             if observed.rotate_requested {
@@ -334,6 +336,13 @@ pub fn decide(state: &CaState, observed: &Observed, timing: &Timing) -> Step {
             } else if now >= renew_at {
                 Step::BeginRotation {
                     reason: "the CA is past its renewal point".to_owned(),
+                }
+            } else if info.is_ok_and(|i| i.path_len == Some(0)) {
+                // Made by a Splice before pod identity, whose signer needs a CA below this one.
+                Step::BeginRotation {
+                    reason: "the CA allows no intermediate CA below it, which the pod identity \
+                             signer needs"
+                        .to_owned(),
                 }
             } else {
                 Step::Wait {
@@ -481,6 +490,30 @@ mod tests {
         assert!(matches!(
             decide(&state, &observed(renew), &timing()),
             Step::BeginRotation { .. }
+        ));
+    }
+
+    #[test]
+    fn a_ca_that_allows_no_intermediate_below_it_is_rotated_at_once() {
+        // As a Splice before pod identity made it: path length 0.
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = ca::ca_params_named("splice webhook CA", 0).unwrap();
+        params.not_before = at(T0 - 300);
+        params.not_after = at(T0 + 3000);
+        let old = KeyedCert {
+            cert_pem: params.self_signed(&key).unwrap().pem(),
+            key_pem: key.serialize_pem(),
+        };
+        let step = decide(&CaState::fresh(old), &observed(T0), &timing());
+        assert!(
+            matches!(&step, Step::BeginRotation { reason } if reason.contains("intermediate")),
+            "{step:?}"
+        );
+        // Splice's own CA allows one: it waits for its renewal point.
+        let state = CaState::fresh(new_ca(T0));
+        assert!(matches!(
+            decide(&state, &observed(T0), &timing()),
+            Step::Wait { .. }
         ));
     }
 

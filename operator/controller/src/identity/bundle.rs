@@ -1,48 +1,48 @@
-//! The identity trust bundle: which roots the ClusterTrustBundle `splice.dev:identity:roots`
-//! holds, and the object itself. Pure.
+//! The identity trust bundle: which roots the ClusterTrustBundle `splice.dev:identity:<Splice's
+//! namespace>` holds, and the object itself. Pure.
 //!
-//! The roots are Splice's CA bundle (one CA, two during a rotation) plus every root the bundle
-//! published before that some live issued certificate still chains to: a pod issued under the
-//! old CA keeps being trusted by its peers until its certificate expires.
+//! One bundle per Splice instance, since each has its own CA; pods project every bundle of the
+//! signer (`labelSelector: {}`), so peers injected by different instances trust each other.
+//! The roots are the instance's CA bundle (one CA, two during a rotation) plus every root the
+//! bundle published before that some live issued certificate still chains to: a pod issued under
+//! the old CA keeps being trusted by its peers until its certificate expires.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::certificates::v1beta1::{
-    ClusterTrustBundle, ClusterTrustBundleSpec, PodCertificateRequest,
-};
+use k8s_openapi::api::certificates::v1beta1::{ClusterTrustBundle, ClusterTrustBundleSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
 use splice_crds::{IDENTITY_SIGNER, MANAGED_BY_LABEL, MANAGER};
 
 use crate::certs::ca::{inspect, split_bundle};
 
-/// The bundle's name: signer-linked names start with the signer name, `/` turned to `:`.
-pub const BUNDLE_NAME: &str = "splice.dev:identity:roots";
+/// The name every Splice used before bundles were per instance; a leader deletes it if Splice
+/// made it, since its roots are no longer kept.
+pub const LEGACY_NAME: &str = "splice.dev:identity:roots";
 
-/// Of an issued certificate: the key id of the root its intermediate was issued by, and when
-/// the leaf expires.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chained {
-    pub root_key_id: String,
-    pub not_after: i64,
+/// The bundle of the Splice instance in `namespace`: signer-linked names start with the signer
+/// name, `/` turned to `:`, then `:`.
+pub fn name(namespace: &str) -> String {
+    format!("{}:{namespace}", IDENTITY_SIGNER.replace('/', ":"))
 }
 
-/// What `pcr`'s issued chain (leaf, intermediate) says of its root; `None` when not issued by
-/// this signer's chain shape.
-pub fn chained(pcr: &PodCertificateRequest) -> Option<Chained> {
-    let status = pcr.status.as_ref()?;
-    let chain = split_bundle(status.certificate_chain.as_deref()?);
-    let leaf = inspect(chain.first()?, "an issued certificate").ok()?;
-    let intermediate = inspect(chain.get(1)?, "an identity intermediate").ok()?;
-    Some(Chained {
-        root_key_id: intermediate.issuer_key_id,
-        not_after: leaf.not_after,
-    })
-}
+/// Annotation on the bundle: until when (unix seconds) each root no longer in the CA bundle is
+/// kept, by key id. Written the first time the root is seen leaving, so a new leader keeps the
+/// date; requests cannot say it, since the controller-manager deletes them after 15 minutes.
+pub const KEPT_UNTIL: &str = "splice.dev/roots-kept-until";
 
-/// The roots to publish: `ca_bundle` first, then each root of `published` that is not in it and
-/// that a certificate in `issued` living past `now` chains to.
-pub fn roots(ca_bundle: &str, published: &str, issued: &[Chained], now: i64) -> Vec<String> {
+/// The roots to publish and the [`KEPT_UNTIL`] dates: `ca_bundle` first, then each root of
+/// `published` that left it less than `hold` seconds ago (a certificate chaining to it may live
+/// that long: the longest lifetime, plus the time the signer may still issue under it).
+pub fn roots(
+    ca_bundle: &str,
+    published: &str,
+    kept_until: &BTreeMap<String, i64>,
+    now: i64,
+    hold: i64,
+) -> (Vec<String>, BTreeMap<String, i64>) {
     let mut out = split_bundle(ca_bundle);
+    let mut until = BTreeMap::new();
     for root in split_bundle(published) {
         if out.contains(&root) {
             continue;
@@ -50,21 +50,51 @@ pub fn roots(ca_bundle: &str, published: &str, issued: &[Chained], now: i64) -> 
         let Ok(info) = inspect(&root, "a published root") else {
             continue;
         };
-        let needed = issued
-            .iter()
-            .any(|c| c.not_after > now && !info.key_id.is_empty() && c.root_key_id == info.key_id);
-        if needed {
+        let kept = kept_until
+            .get(&info.key_id)
+            .copied()
+            .unwrap_or(now.saturating_add(hold));
+        if now < kept {
             out.push(root);
+            until.insert(info.key_id, kept);
         }
     }
-    out
+    (out, until)
 }
 
-/// The ClusterTrustBundle holding `roots`.
-pub fn desired(roots: &[String]) -> ClusterTrustBundle {
+/// The [`KEPT_UNTIL`] dates `bundle` carries; none when absent or unreadable (every retired root
+/// is then kept for a whole hold again: too long, never too short).
+pub fn kept_until(bundle: &ClusterTrustBundle) -> BTreeMap<String, i64> {
+    bundle
+        .annotations()
+        .get(KEPT_UNTIL)
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+/// Whether `root` (one PEM certificate) is among the roots `published` holds.
+pub fn holds(published: &str, root: &str) -> bool {
+    split_bundle(root)
+        .first()
+        .is_some_and(|r| split_bundle(published).contains(r))
+}
+
+/// The ClusterTrustBundle `name` holding `roots`, with the dates retired ones are kept until.
+pub fn desired(
+    name: &str,
+    roots: &[String],
+    kept_until: &BTreeMap<String, i64>,
+) -> ClusterTrustBundle {
+    let annotations = (!kept_until.is_empty()).then(|| {
+        BTreeMap::from([(
+            KEPT_UNTIL.to_owned(),
+            serde_json::to_string(kept_until).unwrap_or_default(),
+        )])
+    });
     ClusterTrustBundle {
         metadata: ObjectMeta {
-            name: Some(BUNDLE_NAME.to_owned()),
+            name: Some(name.to_owned()),
+            annotations,
             labels: Some(BTreeMap::from([(
                 MANAGED_BY_LABEL.to_owned(),
                 MANAGER.to_owned(),
@@ -80,65 +110,68 @@ pub fn desired(roots: &[String]) -> ClusterTrustBundle {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::certificates::v1beta1::PodCertificateRequestStatus;
-    use time::Duration;
-
     use super::*;
-    use crate::identity::sign::Intermediate;
-    use crate::identity::sign::tests::{csr, now, root};
-    use crate::identity::sign::{spki_of_request, subject_key};
+    use crate::identity::sign::tests::root;
 
-    fn issued_by(root: &crate::certs::ca::KeyedCert, hours: i64) -> PodCertificateRequest {
-        let inter = Intermediate::new(root, "cluster.local", now()).unwrap();
-        let key = subject_key(&spki_of_request(&csr(&rcgen::PKCS_ED25519)).unwrap()).unwrap();
-        let chain = inter
-            .issue(
-                &key,
-                false,
-                "spiffe://cluster.local/ns/a/sa/b",
-                now(),
-                now() + Duration::hours(hours),
-            )
-            .unwrap();
-        PodCertificateRequest {
-            status: Some(PodCertificateRequestStatus {
-                certificate_chain: Some(chain),
-                ..PodCertificateRequestStatus::default()
-            }),
-            ..PodCertificateRequest::default()
-        }
+    const HOLD: i64 = 86_400 + 120;
+
+    fn key_id(pem: &str) -> String {
+        inspect(pem, "root").unwrap().key_id
     }
 
     #[test]
-    fn an_old_root_stays_while_a_live_certificate_chains_to_it_and_goes_after() {
+    fn a_retired_root_is_kept_for_the_hold_from_when_it_left_even_across_leaders() {
         let (old, new) = (root(), root());
-        let live = chained(&issued_by(&old, 24)).unwrap();
-        let t = now().unix_timestamp();
-        let kept = roots(&new.cert_pem, &old.cert_pem, std::slice::from_ref(&live), t);
+        let both = format!("{}{}", old.cert_pem, new.cert_pem);
+        // Retired at t=100: kept, dated t=100+HOLD.
+        let (kept, until) = roots(&new.cert_pem, &both, &BTreeMap::new(), 100, HOLD);
         assert_eq!(kept, vec![new.cert_pem.clone(), old.cert_pem.clone()]);
-        let expired = roots(&new.cert_pem, &old.cert_pem, &[live], t + 25 * 3600);
-        assert_eq!(expired, vec![new.cert_pem.clone()]);
-        // A published root no certificate chains to is dropped at once.
-        assert_eq!(
-            roots(&new.cert_pem, &old.cert_pem, &[], t),
-            vec![new.cert_pem]
-        );
+        assert_eq!(until, BTreeMap::from([(key_id(&old.cert_pem), 100 + HOLD)]));
+        // Later passes (any leader reading the annotation back) keep the date, not a new one.
+        let published = desired("b", &kept, &until);
+        let read = kept_until(&published);
+        let (again, until_again) = roots(&new.cert_pem, &both, &read, 5_000, HOLD);
+        assert_eq!((again.len(), &until_again), (2, &until));
+        // At the date it goes.
+        let (gone, none) = roots(&new.cert_pem, &both, &read, 100 + HOLD, HOLD);
+        assert_eq!(gone, vec![new.cert_pem.clone()]);
+        assert!(none.is_empty());
+        assert!(desired("b", &gone, &none).metadata.annotations.is_none());
     }
 
     #[test]
     fn the_ca_bundle_is_kept_whole_and_never_twice() {
         let (a, b) = (root(), root());
         let bundle = format!("{}{}", a.cert_pem, b.cert_pem);
-        assert_eq!(
-            roots(&bundle, &bundle, &[], 0),
-            vec![a.cert_pem, b.cert_pem]
-        );
+        let (kept, until) = roots(&bundle, &bundle, &BTreeMap::new(), 0, HOLD);
+        assert_eq!(kept, vec![a.cert_pem, b.cert_pem]);
+        assert!(until.is_empty());
     }
 
     #[test]
-    fn the_bundle_is_signer_linked_and_labelled() {
-        let b = desired(&["x".into()]);
-        assert!(BUNDLE_NAME.starts_with(&format!("{}:", IDENTITY_SIGNER.replace('/', ":"))));
+    fn an_unreadable_date_keeps_the_root_for_a_whole_hold_again() {
+        let (old, new) = (root(), root());
+        let mut published = desired(
+            "b",
+            &[new.cert_pem.clone(), old.cert_pem.clone()],
+            &BTreeMap::new(),
+        );
+        published.metadata.annotations =
+            Some(BTreeMap::from([(KEPT_UNTIL.into(), "{oops".into())]));
+        let read = kept_until(&published);
+        let (kept, until) = roots(&new.cert_pem, &published.spec.trust_bundle, &read, 7, HOLD);
+        assert_eq!(kept.len(), 2);
+        assert_eq!(until[&key_id(&old.cert_pem)], 7 + HOLD);
+    }
+
+    #[test]
+    fn each_instance_has_its_own_signer_linked_and_labelled_bundle() {
+        let b = desired(&name("splice-system"), &["x".into()], &BTreeMap::new());
+        assert_eq!(
+            b.metadata.name.as_deref(),
+            Some("splice.dev:identity:splice-system")
+        );
+        assert_ne!(name("a"), name("b"));
         assert_eq!(b.spec.signer_name.as_deref(), Some(IDENTITY_SIGNER));
         assert_eq!(b.metadata.labels.unwrap()[MANAGED_BY_LABEL], MANAGER);
     }

@@ -17,7 +17,13 @@ pub mod decide;
 pub mod sign;
 pub mod signer;
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::PartialObjectMetaExt;
+use tokio::sync::Notify;
 
 use k8s_openapi::api::certificates::v1beta1::{ClusterTrustBundle, PodCertificateRequest};
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -28,13 +34,14 @@ use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
-use self::bundle::BUNDLE_NAME;
 use self::signer::{Act, Answer, Extra, Look, Seen, Signer};
 use crate::certs::rotation::CA_SECRET;
 use crate::driver::{self, Inputs};
 use crate::leader::Leadership;
-use crate::policy::apply::apply_if_changed;
+use crate::policy::apply::{Removal, apply_if_changed, remove_if_ours};
 use crate::retry::is_conflict;
+use crate::view;
+use splice_crds::IDENTITY_SIGNER;
 
 /// How often the signer looks for requests to answer.
 pub const PERIOD: Duration = Duration::from_secs(1);
@@ -47,7 +54,15 @@ pub struct Config {
     pub trust_domain: String,
     pub splice_namespace: String,
     pub max_lifetime_seconds: i64,
+    /// How long a new root must have been in the published bundle before certificates chain to
+    /// it: the kubelets must have projected it into every pod that checks a peer.
+    pub trust_propagation: Duration,
 }
+
+/// The default of [`Config::trust_propagation`]: a kubelet projects a pod's volumes again at
+/// its periodic sync, every `syncFrequency` (1 min) plus up to half of it as jitter; 2 min
+/// leaves a margin over that 90 s.
+pub const TRUST_PROPAGATION: Duration = Duration::from_secs(120);
 
 #[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
 #[strum(serialize_all = "snake_case")]
@@ -141,9 +156,15 @@ pub struct Io {
     requests: Store<PodCertificateRequest>,
     /// Only Splice's CA Secret (a field selector on its name).
     ca: Store<Secret>,
-    /// Only the bundle `splice.dev:identity:roots`; `None` when the API server does not serve
+    /// Only this instance's bundle; `None` when the API server does not serve
     /// clustertrustbundles (certificates are issued, no bundle is published).
     bundle: Option<Store<ClusterTrustBundle>>,
+    bundle_name: String,
+    /// Rung for each new pending request (see [`Signer::woken`]).
+    wake: Arc<Notify>,
+    /// Whether the older versions' shared bundle was looked at this term (after this instance's
+    /// own was first written, so pods never find no bundle at all).
+    legacy_checked: std::sync::atomic::AtomicBool,
 }
 
 /// Runs the signer until the term ends: nothing when the API server does not serve
@@ -165,6 +186,8 @@ pub async fn run(config: Config, inputs: Inputs) {
         );
     }
     let client = inputs.client.clone();
+    let bundle_name = bundle::name(&config.splice_namespace);
+    let wake = Arc::new(Notify::new());
     let (requests, w1) = reflector::store();
     let (ca, w2) = reflector::store();
     let (bundle, w3) = served.bundles.then(reflector::store).unzip();
@@ -173,14 +196,24 @@ pub async fn run(config: Config, inputs: Inputs) {
         match w3 {
             Some(w3) => {
                 let api = Api::all(client.clone());
-                driver::reflect(api, named(BUNDLE_NAME), w3, WATCHING).await;
+                driver::reflect(api, named(&bundle_name), w3, WATCHING).await;
             }
             None => std::future::pending().await,
         }
     };
     // The watches run inside this task, so ending the term ends them too.
     let watches = futures::future::join3(
-        driver::reflect(Api::all(client.clone()), Default::default(), w1, WATCHING),
+        // Only this signer's requests (a field the API server selects on for them).
+        driver::reflect_waking(
+            Api::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.signerName={IDENTITY_SIGNER}")),
+            w1,
+            WATCHING,
+            Some(driver::Wake {
+                notify: Arc::clone(&wake),
+                calls: decide::is_pending,
+            }),
+        ),
         driver::reflect(
             Api::namespaced(client.clone(), &config.splice_namespace),
             named(CA_SECRET),
@@ -196,6 +229,9 @@ pub async fn run(config: Config, inputs: Inputs) {
         requests,
         ca,
         bundle,
+        bundle_name: bundle_name.clone(),
+        wake: Arc::clone(&wake),
+        legacy_checked: std::sync::atomic::AtomicBool::new(false),
     };
     tokio::select! {
         _ = watches => {}
@@ -220,10 +256,27 @@ fn extra(io: &Io) -> Extra {
             .state()
             .into_iter()
             .find(|s| s.name_any() == CA_SECRET),
-        bundle: io
-            .bundle
-            .as_ref()
-            .and_then(|b| b.state().into_iter().find(|b| b.name_any() == BUNDLE_NAME)),
+        bundles: io.bundle.is_some(),
+        bundle: io.bundle.as_ref().and_then(|b| {
+            b.state()
+                .into_iter()
+                .find(|b| b.name_any() == io.bundle_name)
+        }),
+    }
+}
+
+/// Deletes the bundle every Splice shared before bundles were per instance, if Splice made it:
+/// nothing keeps its roots current any more. A failure is logged; the next term tries again.
+async fn delete_legacy_bundle(io: &Io, api: &Api<ClusterTrustBundle>) {
+    match remove_if_ours(api, &io.leading, None, bundle::LEGACY_NAME).await {
+        Ok(Removal::Removed) => tracing::info!(
+            bundle = bundle::LEGACY_NAME,
+            "identity signer: deleted the bundle older versions shared; each instance has its own"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(step = e.step.verb(), error = %e.source, bundle = bundle::LEGACY_NAME, "identity signer: deleting the bundle older versions shared")
+        }
     }
 }
 
@@ -234,8 +287,18 @@ async fn act(io: &Io, act: Act) -> Seen {
         Act::Bundle(_) if io.bundle.is_none() => Seen::Bundle,
         Act::Bundle(desired) => {
             let api = Api::<ClusterTrustBundle>::all(io.client.clone());
-            if let Err(e) = apply_if_changed(&api, &io.leading, &*desired).await {
-                tracing::warn!(step = e.step.verb(), error = %e.source, "identity signer: writing the trust bundle");
+            match apply_if_changed(&api, &io.leading, &*desired).await {
+                Ok(_) => {
+                    if !io
+                        .legacy_checked
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        delete_legacy_bundle(io, &api).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(step = e.step.verb(), error = %e.source, "identity signer: writing the trust bundle");
+                }
             }
             Seen::Bundle
         }
@@ -300,32 +363,48 @@ fn latency(pcr: &PodCertificateRequest) -> Option<Duration> {
 }
 
 /// Reads each pod for its service account (unset: "default", as the API server takes it).
+/// Reads each pod a request names, 16 at once: its record as the view would hold it, with its
+/// service account.
 async fn look(io: &Io, looks: Vec<Look>) -> Vec<Seen> {
-    let mut seen = Vec::with_capacity(looks.len());
-    for look in looks {
-        let api = Api::<Pod>::namespaced(io.client.clone(), &look.namespace);
-        let account = match api.get_opt(&look.pod).await {
-            Ok(Some(pod)) if pod.metadata.uid.as_deref() == Some(look.pod_uid.as_str()) => Some(
-                pod.spec
-                    .and_then(|s| s.service_account_name)
-                    .filter(|a| !a.is_empty())
-                    .unwrap_or_else(|| "default".to_owned()),
-            ),
-            Ok(_) => None,
-            Err(source) => {
-                let e = IdentityError::Read {
-                    what: "the pod",
-                    source,
-                };
-                tracing::warn!(namespace = %look.namespace, pod = %look.pod, error = %e, label = e.label(), "identity signer: reading a pod");
-                None
+    futures::stream::iter(looks)
+        .map(|look| read_pod(io, look))
+        .buffer_unordered(16)
+        .collect()
+        .await
+}
+
+async fn read_pod(io: &Io, look: Look) -> Seen {
+    let api = Api::<Pod>::namespaced(io.client.clone(), &look.namespace);
+    match api.get_opt(&look.pod).await {
+        Ok(found) => {
+            let pod = found
+                .filter(|p| p.metadata.uid.as_deref() == Some(look.pod_uid.as_str()))
+                .and_then(|p| {
+                    let account = p
+                        .spec
+                        .and_then(|s| s.service_account_name)
+                        .filter(|a| !a.is_empty())
+                        .unwrap_or_else(|| "default".to_owned());
+                    let meta = p.metadata.into_response_partial::<Pod>();
+                    let mut record = view::record(&meta, &mut HashMap::new())?;
+                    record.service_account = account;
+                    Some(Box::new(record))
+                });
+            Seen::Pod {
+                request: look.request,
+                pod_uid: look.pod_uid,
+                pod,
             }
-        };
-        seen.push(Seen::Account {
-            request: look.request,
-            pod_uid: look.pod_uid,
-            account,
-        });
+        }
+        Err(source) => {
+            let e = IdentityError::Read {
+                what: "the pod",
+                source,
+            };
+            tracing::warn!(namespace = %look.namespace, pod = %look.pod, error = %e, label = e.label(), "identity signer: reading a pod");
+            Seen::Failed {
+                request: look.request,
+            }
+        }
     }
-    seen
 }

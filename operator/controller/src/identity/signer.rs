@@ -2,7 +2,7 @@
 //! request from one snapshot (the requests, the CA Secret and the trust bundle from the signer's
 //! own caches, the pods from the leader's view) and signs the ones it issues right there, off the
 //! async workers; [`super`] only writes what it decided. State is plain data: which requests this
-//! replica answered or must retry, the service accounts it read, the intermediate.
+//! replica answered or must retry, the pods it read, the intermediate.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -31,8 +31,9 @@ use crate::view::PodRecord;
 
 /// How long an answer this replica wrote is trusted while the watch does not show it yet.
 const REMEMBER: Duration = Duration::from_secs(300);
-/// Pods read per pass for their service account, so a burst of new pods spreads over ticks.
-const MAX_LOOKS: usize = 64;
+/// Pods read per pass (their service account, or a pod the view does not show yet), so a burst
+/// of new pods spreads over ticks; the reads go 16 at once.
+const MAX_LOOKS: usize = 256;
 /// A request waiting longer than this counts as old in `splice_identity_pending_requests`.
 const OLD_SECONDS: i64 = 30;
 
@@ -42,8 +43,10 @@ pub struct Extra {
     pub requests: Vec<Arc<PodCertificateRequest>>,
     /// Splice's CA Secret (`None`: not listed or not created yet).
     pub ca: Option<Arc<Secret>>,
-    /// The trust bundle as published (`None`: absent).
+    /// This instance's trust bundle as published (`None`: absent).
     pub bundle: Option<Arc<ClusterTrustBundle>>,
+    /// Whether the API server serves ClusterTrustBundles at all.
+    pub bundles: bool,
 }
 
 pub type View = Snapshot<Extra>;
@@ -102,12 +105,11 @@ pub enum Seen {
         request: String,
     },
     Bundle,
-    /// `account`: the pod's service account; `None` when the pod could not be read as the
-    /// request names it.
-    Account {
+    /// The pod read for a request: `None` when no pod of that name has the request's UID.
+    Pod {
         request: String,
         pod_uid: String,
-        account: Option<String>,
+        pod: Option<Box<PodRecord>>,
     },
 }
 
@@ -116,14 +118,24 @@ pub struct Signer {
     config: Config,
     exclusions: Exclusions,
     intermediate: Option<Intermediate>,
+    /// The active CA's certificate and since when this term has seen it in the published bundle.
+    trusted: Option<(String, Instant)>,
+    /// This instance's bundle name.
+    bundle_name: String,
     /// Requests this replica answered (or saw answered by a conflict), by UID, until the watch
     /// shows the answer.
     answered: HashMap<String, Instant>,
     /// Requests whose last attempt failed: failures and when to try again.
     retry: HashMap<String, (u32, Instant)>,
-    /// Service accounts read from the pods, by pod UID (immutable for a pod's life).
-    accounts: HashMap<String, String>,
+    /// Pods read, by UID, with their service account (immutable for a pod's life); `None`: no
+    /// such pod. A read settles what the view lacks or may show late.
+    fetched: HashMap<String, Option<PodRecord>>,
+    /// Whether the last judge read pods whose requests the next pass can decide at once.
+    read_some: bool,
     last_bundle: Option<Instant>,
+    /// The CA Secret's resourceVersion the last bundle was computed from: a new CA is published
+    /// at once, not at the next period.
+    bundle_ca: Option<String>,
     /// Why the CA cannot sign, as last logged (logged again only when it changes).
     ca_problem: Option<String>,
     /// (young, old) pending requests, until published.
@@ -136,11 +148,15 @@ impl Signer {
     pub fn new(config: Config) -> Self {
         Signer {
             exclusions: Exclusions::default_for(&config.splice_namespace),
+            bundle_name: bundle::name(&config.splice_namespace),
             config,
             intermediate: None,
+            trusted: None,
+            bundle_ca: None,
             answered: HashMap::new(),
             retry: HashMap::new(),
-            accounts: HashMap::new(),
+            fetched: HashMap::new(),
+            read_some: false,
             last_bundle: None,
             ca_problem: None,
             gauges: None,
@@ -177,6 +193,7 @@ impl Signer {
         ca: &CaState,
         pending: &[&Arc<PodCertificateRequest>],
         now: Now,
+        trusted: bool,
         pass: &mut Pass<Look, Act>,
     ) {
         let pods: HashMap<(&str, &str), &PodRecord> = view
@@ -184,8 +201,12 @@ impl Signer {
             .iter()
             .map(|p| ((&*p.namespace, p.name.as_str()), &**p))
             .collect();
-        let live: HashSet<&str> = pods.values().map(|p| p.uid.as_str()).collect();
-        self.accounts.retain(|uid, _| live.contains(uid.as_str()));
+        let live: HashSet<&str> = pods
+            .values()
+            .map(|p| p.uid.as_str())
+            .chain(pending.iter().map(|r| r.spec.pod_uid.as_str()))
+            .collect();
+        self.fetched.retain(|uid, _| live.contains(uid.as_str()));
         let compiled: Vec<Option<Arc<CompiledPolicy>>> = view
             .policies
             .iter()
@@ -213,23 +234,27 @@ impl Signer {
             let pod = pods
                 .get(&(ns.as_str(), pcr.spec.pod_name.as_str()))
                 .copied();
-            let (pod, look) = with_account(&self.accounts, pod, pcr, &uid);
+            let (pod, look) = match known(&self.fetched, pod, pcr, &uid) {
+                Known::Pod(pod, look) => (pod, look),
+                // Not in the view (yet, or gone): read before deciding, never denied unread.
+                Known::Unread(look) => {
+                    ask(&mut pass.looks, look);
+                    continue;
+                }
+            };
             let decision = decide::decide(pcr, pod.as_deref(), &scope, now.wall.as_second());
             if matches!(decision, Decision::Leave) {
                 continue;
             }
             // Only an issue depends on the service account assumed: read it first.
             if let (Some(look), Decision::Issue(_)) = (look, &decision) {
-                let asked = pass.looks.iter().any(|l| l.pod_uid == look.pod_uid);
-                if !asked && pass.looks.len() < MAX_LOOKS {
-                    pass.looks.push(look);
-                }
+                ask(&mut pass.looks, look);
                 continue;
             }
             let signed = answer(
                 &mut self.intermediate,
                 &self.config,
-                ca,
+                (ca, trusted),
                 pcr,
                 pod.as_deref(),
                 decision,
@@ -245,59 +270,91 @@ impl Signer {
         }
     }
 
-    /// The trust bundle as it should be: the CA's roots, and each published root a live issued
-    /// certificate still chains to.
-    fn bundle(view: &View, ca: &CaState, now: Now) -> ClusterTrustBundle {
+    /// Whether the kubelets have had time to give every pod the active CA's root: it has been in
+    /// the published bundle for the propagation time (or no bundle is served, so nothing waits).
+    fn active_trusted(&mut self, view: &View, ca: &CaState, now: Now) -> bool {
+        if !view.extra.bundles {
+            return true;
+        }
         let published = view
             .extra
             .bundle
             .as_ref()
-            .map_or("", |b| b.spec.trust_bundle.as_str());
-        let issued: Vec<bundle::Chained> = view
-            .extra
-            .requests
-            .iter()
-            .filter_map(|r| bundle::chained(r))
-            .collect();
-        let roots = bundle::roots(&ca.bundle(), published, &issued, now.wall.as_second());
-        bundle::desired(&roots)
+            .is_some_and(|b| bundle::holds(&b.spec.trust_bundle, &ca.active.cert_pem));
+        if !published {
+            self.trusted = None;
+            return false;
+        }
+        let since = match &self.trusted {
+            Some((pem, since)) if *pem == ca.active.cert_pem => *since,
+            _ => now.at,
+        };
+        self.trusted = Some((ca.active.cert_pem.clone(), since));
+        now.at.duration_since(since) >= self.config.trust_propagation
+    }
+
+    /// The trust bundle as it should be: the CA's roots, and each root that left them while a
+    /// certificate chaining to it may still live.
+    fn bundle(&self, view: &View, ca: &CaState, now: Now) -> ClusterTrustBundle {
+        let published = view.extra.bundle.as_deref();
+        let hold = self.config.max_lifetime_seconds.saturating_add(
+            i64::try_from(self.config.trust_propagation.as_secs()).unwrap_or(i64::MAX),
+        );
+        let (roots, until) = bundle::roots(
+            &ca.bundle(),
+            published.map_or("", |b| b.spec.trust_bundle.as_str()),
+            &published.map(bundle::kept_until).unwrap_or_default(),
+            now.wall.as_second(),
+            hold,
+        );
+        bundle::desired(&self.bundle_name, &roots, &until)
     }
 }
 
-/// `pod` with its service account: the record's, or the one read before. When neither knows
-/// it, the request's is assumed, with the look that reads the pod's own. A missing pod or another
-/// UID goes to `decide` as it is (PodNotFound).
-fn with_account<'a>(
-    accounts: &HashMap<String, String>,
+/// What is known of the pod a request names.
+enum Known<'a> {
+    /// The pod as read, or as the view has it (with the look that reads its service account when
+    /// the view lacks it: the request's is assumed until then); `None`: read, and gone.
+    Pod(Option<Cow<'a, PodRecord>>, Option<Look>),
+    /// Not in the view with the request's UID, not read yet.
+    Unread(Look),
+}
+
+fn known<'a>(
+    fetched: &'a HashMap<String, Option<PodRecord>>,
     pod: Option<&'a PodRecord>,
     pcr: &PodCertificateRequest,
     request: &str,
-) -> (Option<Cow<'a, PodRecord>>, Option<Look>) {
-    let Some(found) = pod.filter(|p| p.uid == pcr.spec.pod_uid) else {
-        return (pod.map(Cow::Borrowed), None);
+) -> Known<'a> {
+    let look = || Look {
+        request: request.to_owned(),
+        namespace: pcr.namespace().unwrap_or_default(),
+        pod: pcr.spec.pod_name.clone(),
+        pod_uid: pcr.spec.pod_uid.clone(),
     };
-    if !found.service_account.is_empty() {
-        return (Some(Cow::Borrowed(found)), None);
+    if let Some(read) = fetched.get(&pcr.spec.pod_uid) {
+        return Known::Pod(read.as_ref().map(Cow::Borrowed), None);
     }
-    let mut known = found.clone();
-    let look = match accounts.get(&found.uid) {
-        Some(account) => {
-            known.service_account.clone_from(account);
-            None
+    match pod.filter(|p| p.uid == pcr.spec.pod_uid) {
+        None => Known::Unread(look()),
+        Some(found) if !found.service_account.is_empty() => {
+            Known::Pod(Some(Cow::Borrowed(found)), None)
         }
-        None => {
-            known
+        Some(found) => {
+            let mut assumed = found.clone();
+            assumed
                 .service_account
                 .clone_from(&pcr.spec.service_account_name);
-            Some(Look {
-                request: request.to_owned(),
-                namespace: found.namespace.to_string(),
-                pod: found.name.clone(),
-                pod_uid: found.uid.clone(),
-            })
+            Known::Pod(Some(Cow::Owned(assumed)), Some(look()))
         }
-    };
-    (Some(Cow::Owned(known)), look)
+    }
+}
+
+/// Adds `look` unless that pod is asked for already or the pass has its [`MAX_LOOKS`].
+fn ask(looks: &mut Vec<Look>, look: Look) {
+    if looks.len() < MAX_LOOKS && !looks.iter().any(|l| l.pod_uid == look.pod_uid) {
+        looks.push(look);
+    }
 }
 
 fn back_off(retry: &mut HashMap<String, (u32, Instant)>, request: &str, now: Instant) {
@@ -310,7 +367,7 @@ fn back_off(retry: &mut HashMap<String, (u32, Instant)>, request: &str, now: Ins
 fn answer(
     intermediate: &mut Option<Intermediate>,
     config: &Config,
-    ca: &CaState,
+    ca: (&CaState, bool),
     pcr: &Arc<PodCertificateRequest>,
     pod: Option<&PodRecord>,
     decision: Decision,
@@ -364,12 +421,12 @@ fn answer(
     })
 }
 
-/// Signs `issue` under the intermediate, made anew when the active CA changed or when it could
-/// not cover a leaf of the longest lifetime (with an hour to spare).
+/// Signs `issue` under the intermediate, made anew under the active CA when [`keeps`] says the
+/// current one will not do.
 fn sign_leaf(
     intermediate: &mut Option<Intermediate>,
     config: &Config,
-    ca: &CaState,
+    (ca, trusted): (&CaState, bool),
     issue: &decide::Issue,
     at: i64,
 ) -> Result<String, IdentityError> {
@@ -378,7 +435,7 @@ fn sign_leaf(
     let now = offset(at)?;
     let until = offset(at + config.max_lifetime_seconds + 3600)?;
     let current = match intermediate.take() {
-        Some(i) if i.serves(&ca.active, until) => i,
+        Some(i) if keeps(&i, &ca.active, trusted, until) => i,
         _ => Intermediate::new(&ca.active, &config.trust_domain, now)?,
     };
     let intermediate = intermediate.insert(current);
@@ -390,6 +447,19 @@ fn sign_leaf(
         offset(issue.not_before)?,
         offset(issue.not_after)?,
     )?)
+}
+
+/// Whether to keep signing under `current` (able to sign until `until`): while it was made under
+/// the active CA, and after a rotation while the new root is not yet in every pod
+/// (`active_trusted` false), since a leaf chaining to it would fail its peers' checks. A leader
+/// without one (a new term) can only sign under the active CA.
+fn keeps(
+    current: &Intermediate,
+    active: &crate::certs::ca::KeyedCert,
+    active_trusted: bool,
+    until: OffsetDateTime,
+) -> bool {
+    current.serves(active, until) || (!active_trusted && current.not_after >= until)
 }
 
 fn pod_ref(pod: &PodRecord) -> ObjectReference {
@@ -424,6 +494,8 @@ impl Loop for Signer {
     /// It writes no policy status (its writes are acts): the writer it is given stays unused.
     const OWNER: Owner = Owner::Coverage;
     const PODS: bool = true;
+    /// Answers are independent writes, each conditional on the request read.
+    const ACTS_AT_ONCE: usize = 16;
     type Look = Look;
     type Act = Act;
     type Seen = Seen;
@@ -434,7 +506,18 @@ impl Loop for Signer {
         PERIOD
     }
 
+    /// A new pending request: decided now, not at the next period.
+    fn woken(io: &super::Io) -> impl std::future::Future<Output = ()> + Send {
+        io.wake.notified()
+    }
+
+    /// The pods just read let their requests be decided at once.
+    fn again(&self) -> bool {
+        self.read_some
+    }
+
     fn pass(&mut self, view: &View, now: Now) -> Pass<Look, Act> {
+        self.read_some = false;
         self.answered
             .retain(|_, at| now.at.duration_since(*at) < REMEMBER);
         let pending: Vec<&Arc<PodCertificateRequest>> = view
@@ -451,22 +534,29 @@ impl Loop for Signer {
             let waiting: HashSet<String> = pending.iter().filter_map(|r| r.uid()).collect();
             self.retry.retain(|uid, _| waiting.contains(uid));
         }
+        let ca_version = view
+            .extra
+            .ca
+            .as_ref()
+            .and_then(|s| s.metadata.resource_version.clone());
         let bundle_due = self
             .last_bundle
-            .is_none_or(|at| now.at.duration_since(at) >= BUNDLE_PERIOD);
+            .is_none_or(|at| now.at.duration_since(at) >= BUNDLE_PERIOD)
+            || ca_version != self.bundle_ca;
         let mut pass = Pass::default();
-        if pending.is_empty() && !bundle_due {
-            return pass;
-        }
         let Some(ca) = self.ca(view) else {
             return pass;
         };
+        // Every pass, so the time a new root was published counts from when it was, not from
+        // the next request.
+        let trusted = self.active_trusted(view, &ca, now);
         if !pending.is_empty() {
-            self.answer_all(view, &ca, &pending, now, &mut pass);
+            self.answer_all(view, &ca, &pending, now, trusted, &mut pass);
         }
         if bundle_due {
             self.last_bundle = Some(now.at);
-            let desired = Self::bundle(view, &ca, now);
+            self.bundle_ca = ca_version;
+            let desired = self.bundle(view, &ca, now);
             pass.acts.push(Act::Bundle(Box::new(desired)));
         }
         pass
@@ -506,14 +596,11 @@ impl Loop for Signer {
                     self.retry.remove(&request);
                     self.answered.insert(request, now.at);
                 }
-                Seen::Account {
-                    pod_uid,
-                    account: Some(account),
-                    ..
-                } => {
-                    self.accounts.insert(pod_uid, account);
+                Seen::Pod { pod_uid, pod, .. } => {
+                    self.fetched.insert(pod_uid, pod.map(|p| *p));
+                    self.read_some = true;
                 }
-                Seen::Failed { request } | Seen::Account { request, .. } => {
+                Seen::Failed { request } => {
                     back_off(&mut self.retry, &request, now.at);
                 }
                 Seen::Bundle => {}
@@ -540,7 +627,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::certs::ca::split_bundle;
+    use crate::certs::ca::{inspect, split_bundle};
     use crate::certs::rotation::ca_secret;
     use crate::identity::decide::tests::{NOW, pod, policy, request};
     use crate::identity::decide::{DEFAULT_MAX_LIFETIME_SECONDS, ISSUED};
@@ -551,6 +638,7 @@ mod tests {
             trust_domain: "cluster.local".into(),
             splice_namespace: "splice-system".into(),
             max_lifetime_seconds: DEFAULT_MAX_LIFETIME_SECONDS,
+            trust_propagation: crate::identity::TRUST_PROPAGATION,
         })
     }
 
@@ -567,6 +655,7 @@ mod tests {
                 requests: vec![Arc::new(request())],
                 ca: Some(Arc::new(ca_secret("splice-system", &ca))),
                 bundle: None,
+                bundles: false,
             },
             ..Snapshot::default()
         }
@@ -671,6 +760,96 @@ mod tests {
         assert_eq!(b.spec.trust_bundle, ca.bundle());
     }
 
+    /// `view` with `ca` in the Secret (at `version`), its bundle published, and request `n`.
+    fn with_ca(view: &View, ca: &CaState, version: &str, n: u32) -> View {
+        let mut view = view.clone();
+        let mut secret = ca_secret("splice-system", ca);
+        secret.metadata.resource_version = Some(version.into());
+        view.extra.ca = Some(Arc::new(secret));
+        view.extra.bundles = true;
+        let roots = split_bundle(&ca.bundle());
+        view.extra.bundle = Some(Arc::new(bundle::desired("b", &roots, &BTreeMap::new())));
+        let mut request = request();
+        request.metadata.uid = Some(format!("req-{n}"));
+        request.metadata.name = Some(format!("req-{n}"));
+        view.extra.requests = vec![Arc::new(request)];
+        view
+    }
+
+    /// The key id of the root the one issued chain of `pass` leads to.
+    fn issuer_root(pass: &Pass<Look, Act>) -> String {
+        let all = answers(pass);
+        let [answer] = all.as_slice() else {
+            panic!("one answer: {:?}", pass.acts)
+        };
+        let chain = split_bundle(answer.status.certificate_chain.as_deref().unwrap());
+        inspect(&chain[1], "intermediate").unwrap().issuer_key_id
+    }
+
+    fn key_id(ca: &crate::certs::ca::KeyedCert) -> String {
+        inspect(&ca.cert_pem, "root").unwrap().key_id
+    }
+
+    #[test]
+    fn after_a_rotation_certificates_chain_to_the_old_root_until_the_new_one_was_published_for_the_propagation_time()
+     {
+        let (old, new) = (root(), root());
+        let before = CaState::fresh(old.clone());
+        let after = CaState {
+            phase: crate::certs::rotation::Phase::Serving,
+            active: new.clone(),
+            next: None,
+            previous: Some(old.cert_pem.clone()),
+        };
+        let (mut s, base) = (signer(), Instant::now());
+        let plain = view(vec![pod()]);
+        let pass = s.pass(&with_ca(&plain, &before, "1", 1), at(base, 0));
+        assert_eq!(issuer_root(&pass), key_id(&old));
+        // The rotation promoted the new CA; the bundle holds both roots from t=10 on, a pass
+        // with no request sees it.
+        let rotated = |n| with_ca(&plain, &after, "2", n);
+        let mut idle = rotated(2);
+        idle.extra.requests.clear();
+        assert!(answers(&s.pass(&idle, at(base, 10))).is_empty());
+        for (n, t) in [(3, 60), (4, 129)] {
+            let pass = s.pass(&rotated(n), at(base, t));
+            assert_eq!(issuer_root(&pass), key_id(&old), "at {t}s");
+        }
+        let pass = s.pass(&rotated(5), at(base, 130));
+        assert_eq!(issuer_root(&pass), key_id(&new));
+        // A new term has no intermediate under the old CA, whose key is gone: the new root.
+        let pass = signer().pass(&rotated(6), at(base, 10));
+        assert_eq!(issuer_root(&pass), key_id(&new));
+    }
+
+    #[test]
+    fn a_new_root_not_yet_in_the_published_bundle_is_never_chained_to_by_a_signer_that_can_wait() {
+        let (old, new) = (root(), root());
+        let (mut s, base) = (signer(), Instant::now());
+        let plain = view(vec![pod()]);
+        s.pass(
+            &with_ca(&plain, &CaState::fresh(old.clone()), "1", 1),
+            at(base, 0),
+        );
+        let mut unpublished = with_ca(&plain, &CaState::fresh(new), "2", 2);
+        let only_old = bundle::desired("b", std::slice::from_ref(&old.cert_pem), &BTreeMap::new());
+        unpublished.extra.bundle = Some(Arc::new(only_old));
+        let pass = s.pass(&unpublished, at(base, 600));
+        assert_eq!(issuer_root(&pass), key_id(&old));
+    }
+
+    #[test]
+    fn a_changed_ca_secret_is_published_at_once_not_at_the_next_period() {
+        let (mut s, base) = (signer(), Instant::now());
+        let plain = view(vec![pod()]);
+        let first = with_ca(&plain, &CaState::fresh(root()), "1", 1);
+        assert_eq!(bundles(&s.pass(&first, at(base, 0))), 1);
+        assert_eq!(bundles(&s.pass(&first, at(base, 5))), 0);
+        let rotated = with_ca(&plain, &CaState::fresh(root()), "2", 2);
+        assert_eq!(bundles(&s.pass(&rotated, at(base, 6))), 1);
+        assert_eq!(bundles(&s.pass(&rotated, at(base, 7))), 0);
+    }
+
     /// A view whose pod record lacks its service account, as the metadata-only watch has it.
     fn metadata_only() -> View {
         let mut p = pod();
@@ -689,12 +868,15 @@ mod tests {
             (look.pod.as_str(), look.pod_uid.as_str()),
             ("web-1", "pod-1")
         );
-        let seen = Seen::Account {
+        let mut read = pod();
+        read.service_account = account.into();
+        let seen = Seen::Pod {
             request: look.request.clone(),
             pod_uid: look.pod_uid.clone(),
-            account: Some(account.into()),
+            pod: Some(Box::new(read)),
         };
         s.judge(view, vec![seen], at(base, 1));
+        assert!(s.again(), "the next pass comes at once");
     }
 
     #[test]
@@ -735,10 +917,33 @@ mod tests {
         assert_eq!(denial.reason, "NotSelected");
         assert_eq!(denial.pod.name.as_deref(), Some("web-1"));
         assert_eq!(denial.pod.uid.as_deref(), Some("pod-1"));
-        let pass = signer().pass(&view(Vec::new()), at(base, 0));
-        let answer = answers(&pass)[0];
-        assert_eq!(answer.outcome, "denied");
-        assert!(answer.denied.is_none());
+    }
+
+    #[test]
+    fn a_pod_the_view_does_not_show_is_read_first_and_denied_only_when_the_read_finds_none() {
+        for exists in [true, false] {
+            let (mut s, base, empty) = (signer(), Instant::now(), view(Vec::new()));
+            // The view may lag a pod made a moment ago: no answer before reading it.
+            let pass = s.pass(&empty, at(base, 0));
+            assert!(answers(&pass).is_empty());
+            let [look] = pass.looks.as_slice() else {
+                panic!("one look: {:?}", pass.looks)
+            };
+            let seen = Seen::Pod {
+                request: look.request.clone(),
+                pod_uid: look.pod_uid.clone(),
+                pod: exists.then(|| Box::new(pod())),
+            };
+            s.judge(&empty, vec![seen], at(base, 0));
+            let pass = s.pass(&empty, at(base, 0));
+            let answer = answers(&pass)[0];
+            if exists {
+                assert_eq!(answer.outcome, "issued");
+            } else {
+                assert_eq!(answer.outcome, "denied");
+                assert!(answer.denied.is_none(), "no pod to warn");
+            }
+        }
     }
 
     #[test]

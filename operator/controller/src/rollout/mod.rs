@@ -340,13 +340,7 @@ struct Parts<'a> {
 
 /// A workload kind the rollout restarts through its pod template.
 trait Restartable:
-    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-    + Clone
-    + std::fmt::Debug
-    + serde::de::DeserializeOwned
-    + Send
-    + Sync
-    + 'static
+    crate::driver::Watched + Resource<Scope = k8s_openapi::NamespaceResourceScope>
 {
     const KIND: Kind;
     /// `None` without a spec, or when a template change does not replace its pods (update

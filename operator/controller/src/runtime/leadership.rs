@@ -206,6 +206,7 @@ pub(super) fn lead(
             trust_domain: settings.trust_domain.clone(),
             splice_namespace: settings.namespace.clone(),
             max_lifetime_seconds: identity::decide::DEFAULT_MAX_LIFETIME_SECONDS,
+            trust_propagation: settings.identity_trust_propagation,
         },
         inputs(observed.clone()),
     ));
