@@ -73,6 +73,8 @@ pub struct Rollout {
     unnamed: BTreeMap<String, (Arc<InjectionPolicy>, String, Vec<PodRef>)>,
     /// Per policy, when its last `UpdatedInPlace` Event was planned.
     named_at: HashMap<String, Timestamp>,
+    /// Whether the last looks proved pods done, freeing budget the next pass can use at once.
+    freed: bool,
     /// This tick's Events that follow its status writes; a write that fails drops its own.
     held: Vec<(Arc<InjectionPolicy>, Held)>,
     /// What the last pass measured, until published.
@@ -317,6 +319,7 @@ impl Rollout {
             events: Vec::new(),
             unnamed: BTreeMap::new(),
             named_at: HashMap::new(),
+            freed: false,
             held: Vec::new(),
             gauges: None,
         }
@@ -325,6 +328,7 @@ impl Rollout {
     /// One planning pass: the status writes now, the restarts and in-place updates to make,
     /// and the pods to read for the next pass.
     pub fn decide(&mut self, view: &View, now: Now) -> Pass<Look, Act> {
+        self.freed = false;
         self.name_updated_pods(now.wall);
         let candidates = candidates(view);
         self.named_at
@@ -814,7 +818,15 @@ impl Rollout {
             },
             None => InPlaceProof::Waiting("the update is not on the pod yet".into()),
         };
+        self.freed |= proof == InPlaceProof::Done && !self.proven(&key, &p.revision);
         self.proofs.insert(key, (p.revision.clone(), proof));
+    }
+
+    /// Whether pods were just proved done: their budget is free for the next pass now, not a
+    /// period later (the proofs are read after the pass planned, so each stage would otherwise
+    /// wait a whole period more).
+    pub fn freed(&self) -> bool {
+        self.freed
     }
 
     /// What the pods of a failed workload show, for its `RolloutHalted` Event.
@@ -1255,6 +1267,7 @@ mod tests {
         let updating = third.writes[0].slice.rollout.as_ref().unwrap();
         assert_eq!((updating.updating, updating.updated_in_place), (1, 0));
         r.judged(vec![Seen::Proved(p.clone(), Box::new(marked(&revision)))]);
+        assert!(r.freed(), "the next pass comes at once to use the freed budget");
 
         let fourth = r.decide(&v, Now::current());
         assert!(fourth.looks.is_empty(), "a proven pod is not read again");
