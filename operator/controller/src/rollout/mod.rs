@@ -211,6 +211,10 @@ impl Loop for Rollout {
         self.take_events()
     }
 
+    fn again(&self) -> bool {
+        self.freed()
+    }
+
     fn publish(&mut self, metrics: &Metrics) {
         if let Some(gauges) = self.gauges.take() {
             metrics.set_rollout(gauges);
