@@ -1267,7 +1267,10 @@ mod tests {
         let updating = third.writes[0].slice.rollout.as_ref().unwrap();
         assert_eq!((updating.updating, updating.updated_in_place), (1, 0));
         r.judged(vec![Seen::Proved(p.clone(), Box::new(marked(&revision)))]);
-        assert!(r.freed(), "the next pass comes at once to use the freed budget");
+        assert!(
+            r.freed(),
+            "the next pass comes at once to use the freed budget"
+        );
 
         let fourth = r.decide(&v, Now::current());
         assert!(fourth.looks.is_empty(), "a proven pod is not read again");
