@@ -313,21 +313,73 @@ pub async fn apply_policy(
         map.entry("mode").or_insert_with(|| json!("Webhook"));
     }
     let typed: Api<InjectionPolicy> = Api::all(client.clone());
-    let body = json!({
-        "apiVersion": "splice.dev/v1alpha1",
-        "kind": "InjectionPolicy",
-        "metadata": {"name": name, "labels": {INSTANCE_LABEL: instance}},
-        "spec": spec,
-    });
     typed
         .patch(
             name,
             &PatchParams::apply(TEST_MANAGER).force(),
-            &Patch::Apply(&body),
+            &Patch::Apply(&policy_body(instance, name, &spec)),
         )
         .await
         .with_context(|| format!("applying policy {name}"))?;
     Ok(())
+}
+
+/// The policy `name` with `spec`, labelled for `instance`, as applied.
+pub fn policy_body(instance: &str, name: &str, spec: &Value) -> Value {
+    json!({
+        "apiVersion": "splice.dev/v1alpha1",
+        "kind": "InjectionPolicy",
+        "metadata": {"name": name, "labels": {INSTANCE_LABEL: instance}},
+        "spec": spec,
+    })
+}
+
+/// Server-side apply of the policy as given (no default mode), dry run or not: the stored
+/// policy, or the API server's message (a refusal's words are what validating tests check).
+pub async fn try_apply_policy(
+    client: &Client,
+    instance: &str,
+    name: &str,
+    spec: &Value,
+    dry: bool,
+) -> Result<InjectionPolicy, String> {
+    let api: Api<InjectionPolicy> = Api::all(client.clone());
+    let mut params = PatchParams::apply(TEST_MANAGER).force();
+    params.dry_run = dry;
+    api.patch(
+        name,
+        &params,
+        &Patch::Apply(&policy_body(instance, name, spec)),
+    )
+    .await
+    .map_err(|e| match e {
+        kube::Error::Api(s) => s.message,
+        other => other.to_string(),
+    })
+}
+
+/// Removes the validating configuration of the Splice in namespace `.0` when dropped: it is
+/// owned by the CRD, which outlives the test.
+pub struct ValidatingCleanup(pub String);
+
+impl Drop for ValidatingCleanup {
+    fn drop(&mut self) {
+        let name = format!("splice-validate-{}", self.0);
+        splice_e2e::in_fresh_runtime(move |client| async move {
+            let _ = Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+            >::all(client)
+            .delete(&name, &DeleteParams::default())
+            .await;
+        });
+    }
+}
+
+/// The value of the exposition line for `series` (name and labels as written) in `text`.
+pub fn metric_value(text: &str, series: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(str::to_owned)
 }
 
 pub fn condition<'a>(

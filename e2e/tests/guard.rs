@@ -213,12 +213,6 @@ async fn events_with_reason(client: &Client, policy: &str, reason: &str) -> Resu
         .count())
 }
 
-fn metric_value(text: &str, series: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(str::to_owned)
-}
-
 #[tokio::test]
 async fn fail_is_in_force_only_with_two_available_replicas_and_a_budget_and_returns_after_the_hold()
 -> Result<()> {

@@ -15,9 +15,8 @@ mod operator;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::Api;
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
@@ -74,55 +73,6 @@ fn identity_spec(instance: &str) -> Value {
     })
 }
 
-fn body(instance: &str, name: &str, spec: &Value) -> Value {
-    json!({
-        "apiVersion": "splice.dev/v1alpha1",
-        "kind": "InjectionPolicy",
-        "metadata": {"name": name, "labels": {INSTANCE_LABEL: instance}},
-        "spec": spec,
-    })
-}
-
-/// Server-side apply, dry run or not: the stored policy, or the API server's message.
-async fn apply(
-    client: &Client,
-    instance: &str,
-    name: &str,
-    spec: &Value,
-    dry: bool,
-) -> Result<InjectionPolicy, String> {
-    let api: Api<InjectionPolicy> = Api::all(client.clone());
-    let mut params = PatchParams::apply(TEST_MANAGER).force();
-    params.dry_run = dry;
-    api.patch(name, &params, &Patch::Apply(&body(instance, name, spec)))
-        .await
-        .map_err(|e| match e {
-            kube::Error::Api(s) => s.message,
-            other => other.to_string(),
-        })
-}
-
-/// Removes the ValidatingWebhookConfiguration of Splice's namespace when dropped: it is owned by
-/// the CRD, which outlives the test.
-struct ValidatingCleanup(String);
-
-impl Drop for ValidatingCleanup {
-    fn drop(&mut self) {
-        let name = format!("splice-validate-{}", self.0);
-        splice_e2e::in_fresh_runtime(move |client| async move {
-            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
-    }
-}
-
-fn metric_value(text: &str, series: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .map(str::to_owned)
-}
-
 #[tokio::test]
 #[ignore = "needs a control plane without pod certificates: e2e/run-gate-off.sh"]
 async fn a_policy_with_identity_is_refused_at_apply_naming_the_missing_pod_certificate_api()
@@ -139,14 +89,14 @@ async fn a_policy_with_identity_is_refused_at_apply_naming_the_missing_pod_certi
         Duration::from_secs(60),
         "Splice's validating webhook to refuse spec.identity",
         || async {
-            Ok(apply(&client, &s.instance, &name, &spec, true)
+            Ok(try_apply_policy(&client, &s.instance, &name, &spec, true)
                 .await
                 .is_err_and(|m| m.contains(UNSERVED)))
         },
     )
     .await?;
 
-    let refused = match apply(&client, &s.instance, &name, &spec, false).await {
+    let refused = match try_apply_policy(&client, &s.instance, &name, &spec, false).await {
         Ok(_) => bail!("a policy with spec.identity was stored"),
         Err(m) => m,
     };
@@ -165,7 +115,7 @@ async fn a_policy_with_identity_is_refused_at_apply_naming_the_missing_pod_certi
         .as_object_mut()
         .context("the spec is an object")?
         .remove("identity");
-    apply(&client, &s.instance, &name, &plain, true)
+    try_apply_policy(&client, &s.instance, &name, &plain, true)
         .await
         .map_err(|m| anyhow::anyhow!("the policy without spec.identity was refused: {m}"))?;
     Ok(())
@@ -187,7 +137,7 @@ async fn a_policy_with_identity_stored_before_splice_is_not_ready_pod_certificat
     // Stored while no Splice (and so no validating webhook of this instance) runs, as a policy
     // applied before the API was turned off, or before Splice was installed.
     let name = format!("{instance}-id");
-    let stored = apply(&client, &instance, &name, &identity_spec(&instance), false)
+    let stored = try_apply_policy(&client, &instance, &name, &identity_spec(&instance), false)
         .await
         .map_err(|m| anyhow::anyhow!("storing the policy before Splice runs: {m}"))?;
     ensure!(

@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::{InjectionPolicy, PodSecurityLevel};
@@ -38,26 +38,9 @@ impl Validated {
         Ok(s)
     }
 
-    fn body(&self, name: &str, spec: &Value) -> Value {
-        json!({
-            "apiVersion": "splice.dev/v1alpha1",
-            "kind": "InjectionPolicy",
-            "metadata": {"name": name, "labels": {INSTANCE_LABEL: self.instance}},
-            "spec": spec,
-        })
-    }
-
     /// Server-side apply of the policy, dry run or not: the API server's answer.
     async fn apply(&self, name: &str, spec: &Value, dry: bool) -> Result<InjectionPolicy, String> {
-        let api: Api<InjectionPolicy> = Api::all(self.client.clone());
-        let mut params = PatchParams::apply(TEST_MANAGER).force();
-        params.dry_run = dry;
-        api.patch(name, &params, &Patch::Apply(&self.body(name, spec)))
-            .await
-            .map_err(|e| match e {
-                kube::Error::Api(s) => s.message,
-                other => other.to_string(),
-            })
+        try_apply_policy(&self.client, &self.instance, name, spec, dry).await
     }
 
     /// The API server loads webhook configurations asynchronously: waits until a dry-run apply
@@ -198,7 +181,7 @@ async fn a_policy_reading_the_pod_name_is_admitted_with_a_warning_and_leaves_a_d
     let s = Validated::start("val-name").await?;
     let name = s.policy("named");
     let spec = sidecar_spec(&s.instance, "{{ pod.metadata.name }}");
-    let manifest = serde_json::to_string(&s.body(&name, &spec))?;
+    let manifest = serde_json::to_string(&policy_body(&s.instance, &name, &spec))?;
     let (ok, stderr) = s.kubectl(&["apply", "--server-side", "-f", "-"], &manifest)?;
     ensure!(ok, "kubectl apply failed: {stderr}");
     ensure!(

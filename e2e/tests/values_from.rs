@@ -11,7 +11,6 @@ mod operator;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use operator::*;
@@ -117,25 +116,11 @@ fn report(via: &str, mut samples: Vec<Duration>) {
     );
 }
 
-/// Removes the instance's validating configuration (owned by the CRD, which outlives the test).
-struct ValidatingCleanup(String);
-
-impl Drop for ValidatingCleanup {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        splice_e2e::in_fresh_runtime(move |client| async move {
-            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
-    }
-}
-
 #[tokio::test]
 async fn cluster_data_reaches_both_replicas_is_versioned_in_pods_and_a_secret_is_never_shown()
 -> Result<()> {
     let s = Setup::start("values").await?;
-    let _validating = ValidatingCleanup(format!("splice-validate-{}", s.splice_ns.name));
+    let _validating = ValidatingCleanup(s.splice_ns.name.clone());
     // Replica B: same namespace and instance; it writes replica A's URL too, so the API server
     // always calls A and B is measured by direct calls.
     let mut b_options = SpliceOptions::new(&s.splice_ns.name, &s.instance);

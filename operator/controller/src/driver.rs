@@ -360,7 +360,6 @@ pub async fn run<L: Loop>(mut l: L, io: L::Io, inputs: Inputs) {
             };
             seen.push(done);
         }
-        drop(acts);
         if !pass.looks.is_empty() {
             seen.extend(L::look(&io, &snapshot, pass.looks).await);
         }

@@ -159,7 +159,6 @@ pub struct Io {
     /// Only this instance's bundle; `None` when the API server does not serve
     /// clustertrustbundles (certificates are issued, no bundle is published).
     bundle: Option<Store<ClusterTrustBundle>>,
-    bundle_name: String,
     /// Rung for each new pending request (see [`Signer::woken`]).
     wake: Arc<Notify>,
     /// Whether the older versions' shared bundle was looked at this term (after this instance's
@@ -229,7 +228,6 @@ pub async fn run(config: Config, inputs: Inputs) {
         requests,
         ca,
         bundle,
-        bundle_name: bundle_name.clone(),
         wake: Arc::clone(&wake),
         legacy_checked: std::sync::atomic::AtomicBool::new(false),
     };
@@ -257,11 +255,11 @@ fn extra(io: &Io) -> Extra {
             .into_iter()
             .find(|s| s.name_any() == CA_SECRET),
         bundles: io.bundle.is_some(),
-        bundle: io.bundle.as_ref().and_then(|b| {
-            b.state()
-                .into_iter()
-                .find(|b| b.name_any() == io.bundle_name)
-        }),
+        // Its watch selects this instance's bundle by name.
+        bundle: io
+            .bundle
+            .as_ref()
+            .and_then(|b| b.state().into_iter().next()),
     }
 }
 
@@ -362,9 +360,8 @@ fn latency(pcr: &PodCertificateRequest) -> Option<Duration> {
     Duration::try_from(elapsed).ok()
 }
 
-/// Reads each pod for its service account (unset: "default", as the API server takes it).
 /// Reads each pod a request names, 16 at once: its record as the view would hold it, with its
-/// service account.
+/// service account (unset: "default", as the API server takes it).
 async fn look(io: &Io, looks: Vec<Look>) -> Vec<Seen> {
     futures::stream::iter(looks)
         .map(|look| read_pod(io, look))
