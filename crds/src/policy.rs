@@ -15,6 +15,13 @@ pub const MAX_INJECTED_MOUNTS: usize = 32;
 pub const MAX_VALUES: usize = 64;
 /// At most this many `valuesFrom` entries: each is a watched object on every replica.
 pub const MAX_VALUES_FROM: usize = 16;
+/// At most this many `overrides` per policy.
+pub const MAX_OVERRIDES: usize = 32;
+/// The longest override value, default or annotation, in bytes: a longer annotation is refused at
+/// admission (the API server allows 256 KiB of annotations; none of it should reach a template).
+pub const MAX_OVERRIDE_VALUE_BYTES: usize = 4096;
+/// The longest override rule, in characters.
+pub const MAX_OVERRIDE_RULE_LEN: usize = 1024;
 
 /// What to inject into pods, and where. Cluster-scoped: one policy serves every namespace its
 /// `namespaceSelector` selects.
@@ -118,6 +125,97 @@ pub struct InjectionPolicySpec {
     /// the API server and the kubelets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Identity>,
+
+    /// Values a workload may set through an annotation on its pod or its namespace, read in
+    /// templates as `overrides.<name>`: the pod's annotation wins over the namespace's, which
+    /// wins over `default`. Each value is checked against its type and rule; a pod whose
+    /// annotation fails is refused at admission, whatever the failure policy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_OVERRIDES))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[x_kube(validation = Rule::new("self.all(o, self.exists_one(p, p.annotation == o.annotation))")
+        .message("each override must read a different annotation"))]
+    pub overrides: Vec<Override>,
+}
+
+/// One value a workload may set: `spec.overrides[]`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Override {
+    /// The name templates read it by: `{{ overrides.<name> }}`.
+    #[schemars(length(min = 1, max = 63))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')")
+        .message("must be letters, digits and '_', not starting with a digit"))]
+    pub name: String,
+    /// The annotation key, a label-style key (`mesh.example/proxy-cpu`), read on the pod and
+    /// its namespace as `from` allows.
+    #[schemars(length(min = 1, max = 317))]
+    pub annotation: String,
+    /// How the value is read and what `self` is in `rule`: `string`, `integer` (a 64-bit
+    /// integer), `boolean` (`true` or `false`), or `quantity` (a Kubernetes quantity such as
+    /// `100m`; `self` is its text, so rules write `quantity(self)`).
+    #[serde(rename = "type")]
+    pub type_: OverrideType,
+    /// The value when neither the pod nor the namespace sets it. It must have the type and
+    /// pass the rule.
+    #[schemars(length(max = MAX_OVERRIDE_VALUE_BYTES))]
+    pub default: String,
+    /// A CEL expression over `self`, the typed value, that must be true for the value to be
+    /// used (`quantity(self).isLessThan(quantity('1'))`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = MAX_OVERRIDE_RULE_LEN))]
+    pub rule: Option<String>,
+    /// What a refusal says when the rule is false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub message: Option<String>,
+    /// Where a value may come from: `Pod`, `Namespace`, or both (the default).
+    #[serde(default = "OverrideSource::both")]
+    #[schemars(length(min = 1, max = 2))]
+    #[x_kube(validation = Rule::new("self.all(s, self.exists_one(t, t == s))")
+        .message("each source may be listed once"))]
+    pub from: Vec<OverrideSource>,
+    /// Allows the value to reach a field Pod Security judges (anything under `securityContext`,
+    /// `hostPath` or `hostPort`). Only with a `rule` that bounds the value to an enumerated set
+    /// (`self in ['a', 'b']`, alone or first in a conjunction). Such a field still counts as
+    /// set at admission, so Pod Security judges it `privileged` and the policy needs
+    /// `allowPrivileged`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub privileged: bool,
+}
+
+/// The type of an override's value.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum OverrideType {
+    String,
+    Integer,
+    Boolean,
+    Quantity,
+}
+
+impl OverrideType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OverrideType::String => "string",
+            OverrideType::Integer => "integer",
+            OverrideType::Boolean => "boolean",
+            OverrideType::Quantity => "quantity",
+        }
+    }
+}
+
+/// Where an override's value may be read.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OverrideSource {
+    Pod,
+    Namespace,
+}
+
+impl OverrideSource {
+    pub fn both() -> Vec<OverrideSource> {
+        vec![OverrideSource::Pod, OverrideSource::Namespace]
+    }
 }
 
 /// The signer that `spec.identity` volumes name; Splice signs for it and nothing else.
@@ -850,4 +948,7 @@ pub mod condition {
     pub const VERIFIED: &str = "Verified";
     /// Set by the rollout (field manager `splice-rollout`) when `spec.rollout` is set.
     pub const ROLLED_OUT: &str = "RolledOut";
+    /// Set by coverage (field manager `splice-coverage`) when `spec.overrides` is set: False
+    /// names the namespaces whose annotation an override refuses (their pods get the default).
+    pub const OVERRIDES_ACCEPTED: &str = "OverridesAccepted";
 }

@@ -125,12 +125,13 @@ fn the_crd_uses_only_schema_keywords_and_formats_the_offline_validator_knows() {
     );
     // The CEL rules are there to be evaluated (the fixtures show kube-cel evaluates them): on
     // operations, on the template, on rollout.timeout, on rollout.canary (its size) and on each
-    // of its two selectors (operators), the four on each valuesFrom entry, and the two paths of
-    // spec.identity.
+    // of its two selectors (operators), the four on each valuesFrom entry, the two paths of
+    // spec.identity, and the three of spec.overrides (distinct annotations, an override's name,
+    // its sources).
     let rules = policy_schema()
         .expect("the schema renders")
         .to_string()
         .matches("x-kubernetes-validations")
         .count();
-    assert_eq!(rules, 9);
+    assert_eq!(rules, 12);
 }

@@ -749,3 +749,60 @@ fn a_missing_values_from_source_is_an_error_naming_the_policy_the_entry_and_the_
     }
     assert!(run.stdout.is_empty(), "no partial output: {run:?}");
 }
+
+const CPU_OVERRIDE_POLICY: &str = include_str!("../../webhook/testdata/policy-overrides.yaml");
+
+fn pod_with_annotation(value: Option<&str>) -> String {
+    let annotations = value.map_or(String::new(), |v| {
+        format!("\n  annotations: {{mesh.example/proxy-cpu: \"{v}\"}}")
+    });
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: shop{annotations}\nspec:\n  containers: [{{name: app, image: web:1}}]\n"
+    )
+}
+
+fn proxy_cpu(run: &cli_support::Run) -> String {
+    let docs = run.documents();
+    docs[0]["spec"]["initContainers"][0]["resources"]["requests"]["cpu"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn an_override_reads_the_pod_then_the_namespace_annotation_given_on_the_command_line() {
+    let ws = Workspace::new();
+    let ns = ["--namespace-annotation", "mesh.example/proxy-cpu=300m"];
+    let default = inject(&ws, &[CPU_OVERRIDE_POLICY], &pod_with_annotation(None), &[]);
+    assert_eq!(default.code, 0, "{default:?}");
+    assert_eq!(proxy_cpu(&default), "100m");
+    let from_ns = inject(&ws, &[CPU_OVERRIDE_POLICY], &pod_with_annotation(None), &ns);
+    assert_eq!(proxy_cpu(&from_ns), "300m");
+    let own = inject(
+        &ws,
+        &[CPU_OVERRIDE_POLICY],
+        &pod_with_annotation(Some("200m")),
+        &ns,
+    );
+    assert_eq!(proxy_cpu(&own), "200m");
+}
+
+#[test]
+fn a_pod_whose_override_fails_its_rule_is_denied_offline_as_the_webhook_would() {
+    let ws = Workspace::new();
+    let run = inject(
+        &ws,
+        &[CPU_OVERRIDE_POLICY],
+        &pod_with_annotation(Some("2")),
+        &[],
+    );
+    assert_refused(
+        &run,
+        &[
+            "document 1",
+            "denied",
+            "mesh.example/proxy-cpu=\"2\"",
+            "at most 1 CPU",
+        ],
+    );
+}

@@ -14,9 +14,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use splice_crds::{Coverage, InjectionPolicy, InjectionPolicyStatus};
+use splice_crds::{
+    ConditionStatus, Coverage, InjectionPolicy, InjectionPolicyStatus, condition, set_condition,
+};
+use splice_engine::explain::selects_namespace;
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
 
 use crate::driver::{self, Inputs, Loop, Now, Pass, Snapshot, Write};
@@ -193,21 +197,35 @@ impl Loop for Counting {
                 c.name().to_owned(),
                 [cv.matched, cv.current, cv.outdated, cv.missed],
             );
-            let known = view
-                .status(Owner::Coverage, &policy)
-                .and_then(|s| s.coverage);
+            let known_slice = view.status(Owner::Coverage, &policy);
+            let known = known_slice.as_ref().and_then(|s| s.coverage);
+            let accepted = overrides_accepted(&c, &view.namespaces, &self.exclusions);
+            let conditions = conditions_of(&policy, known_slice.as_deref(), accepted.as_ref(), now);
+            let conditions_moved =
+                Owner::Coverage.slice(known_slice.as_deref()).conditions != conditions;
             let recent = view
                 .written_at
                 .get(c.name())
                 .is_some_and(|at| now.at.saturating_duration_since(*at) < SETTLING_INTERVAL);
-            if recent && known.is_some_and(|k| !urgent(&k, &n.coverage)) {
+            if recent && !conditions_moved && known.is_some_and(|k| !urgent(&k, &n.coverage)) {
                 if known != Some(n.coverage) {
                     // Held back: count again next tick, whatever changes.
                     self.last_seen = None;
                 }
                 continue;
             }
-            writes.extend(write_of(&policy, known, &n));
+            // Warned once per new set of refusals: the condition's message names them.
+            let refused_anew = conditions_moved && accepted.as_ref().is_some_and(|a| a.refused > 0);
+            writes.extend(write_of(
+                &policy,
+                known,
+                &n,
+                Slice {
+                    conditions,
+                    conditions_moved,
+                    refused: accepted.filter(|_| refused_anew),
+                },
+            ));
         }
         self.compiled.retain(|name, _| gauges.contains_key(name));
         self.compiled.shrink_to_fit();
@@ -240,14 +258,119 @@ fn urgent(known: &Coverage, now: &Coverage) -> bool {
     now.missed > known.missed || (now.outdated == 0 && known.outdated > 0)
 }
 
-/// The write `n` comes to for `policy` whose known coverage is `known`: none when it says the
-/// same (an absent coverage reads as zero, so a policy that matches nothing costs no write); a
-/// PodsMissed Warning with it when more pods were missed than before.
-fn write_of(policy: &Arc<InjectionPolicy>, known: Option<Coverage>, n: &Count) -> Option<Write> {
-    let before = known.unwrap_or_default();
-    if before == n.coverage {
+/// What a policy's overrides make of the namespaces it selects: how many annotations they
+/// refuse, and the condition's message. `None` for a policy without overrides.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    pub refused: usize,
+    pub message: String,
+}
+
+/// The namespaces whose annotations `policy`'s overrides refuse, among those it selects (at most
+/// [`EXAMPLES`] named). Their pods get the default; no pod is refused for a namespace's value.
+pub fn overrides_accepted(
+    policy: &CompiledPolicy,
+    namespaces: &HashMap<String, NamespaceContext>,
+    exclusions: &Exclusions,
+) -> Option<Accepted> {
+    let overrides = policy.overrides();
+    if overrides.is_empty() {
         return None;
     }
+    let mut names: Vec<&String> = namespaces.keys().collect();
+    names.sort();
+    let mut refusals = Vec::new();
+    for name in names {
+        let context = &namespaces[name];
+        if !selects_namespace(policy, context, exclusions) {
+            continue;
+        }
+        if let Ok(r) = overrides.resolve(|_| None::<&str>, name, &context.annotations) {
+            refusals.extend(r.namespace_refusals);
+        }
+    }
+    let message = if refusals.is_empty() {
+        "every override annotation on the namespaces this policy selects is accepted".to_owned()
+    } else {
+        let shown: Vec<String> = refusals
+            .iter()
+            .take(EXAMPLES)
+            .map(ToString::to_string)
+            .collect();
+        let more = refusals.len().saturating_sub(EXAMPLES);
+        format!(
+            "{} namespace annotation(s) refused, their pods get the default: {}{}",
+            refusals.len(),
+            shown.join("; "),
+            if more > 0 {
+                format!("; and {more} more")
+            } else {
+                String::new()
+            }
+        )
+    };
+    Some(Accepted {
+        refused: refusals.len(),
+        message,
+    })
+}
+
+/// The coverage slice's conditions: OverridesAccepted for a policy with overrides, none else.
+fn conditions_of(
+    policy: &InjectionPolicy,
+    known: Option<&InjectionPolicyStatus>,
+    accepted: Option<&Accepted>,
+    now: Now,
+) -> Vec<Condition> {
+    let Some(a) = accepted else {
+        return Vec::new();
+    };
+    let mut conditions = Owner::Coverage.slice(known).conditions;
+    let (status, reason) = if a.refused == 0 {
+        (ConditionStatus::True, "Accepted")
+    } else {
+        (ConditionStatus::False, "NamespaceValueRefused")
+    };
+    set_condition(
+        &mut conditions,
+        condition::OVERRIDES_ACCEPTED,
+        status,
+        reason,
+        &a.message,
+        policy.metadata.generation,
+        now.wall,
+    );
+    conditions
+}
+
+/// The conditions a coverage write carries, and the refusals to warn about.
+struct Slice {
+    conditions: Vec<Condition>,
+    conditions_moved: bool,
+    /// Set when namespace annotations are refused and the condition names a new set of them.
+    refused: Option<Accepted>,
+}
+
+/// The write `n` comes to for `policy` whose known coverage is `known`: none when it and the
+/// conditions say the same (an absent coverage reads as zero, so a policy that matches nothing
+/// costs no write); a PodsMissed Warning with it when more pods were missed than before, else an
+/// OverrideRefused Warning when the condition names new refusals.
+fn write_of(
+    policy: &Arc<InjectionPolicy>,
+    known: Option<Coverage>,
+    n: &Count,
+    slice: Slice,
+) -> Option<Write> {
+    let before = known.unwrap_or_default();
+    if before == n.coverage && !slice.conditions_moved {
+        return None;
+    }
+    let refused = slice.refused.map(|a| PlannedEvent {
+        severity: Severity::Warning,
+        reason: "OverrideRefused".into(),
+        action: "CheckOverrides",
+        note: a.message,
+    });
     let then = (n.coverage.missed > before.missed).then(|| PlannedEvent {
         severity: Severity::Warning,
         reason: "PodsMissed".into(),
@@ -264,9 +387,10 @@ fn write_of(policy: &Arc<InjectionPolicy>, known: Option<Coverage>, n: &Count) -
         policy: Arc::clone(policy),
         slice: InjectionPolicyStatus {
             coverage: Some(n.coverage),
+            conditions: slice.conditions,
             ..InjectionPolicyStatus::default()
         },
-        then,
+        then: then.or(refused),
         log: None,
     })
 }
@@ -308,6 +432,7 @@ mod tests {
                 .unwrap_or_default(),
             owner: PodOwner::None,
             in_place: Vec::new(),
+            overrides: Vec::new(),
         }
     }
 
@@ -346,6 +471,80 @@ mod tests {
             }
         );
         assert_eq!(n.missed_examples, ["shop/missed", "shop/missed-at-ready"]);
+    }
+
+    #[test]
+    fn a_namespace_annotation_change_outdates_the_pods_that_took_its_value() {
+        let p = policy(
+            "overrides: [{name: cpu, annotation: mesh.example/cpu, type: quantity, default: 100m}]\n\
+             template: {annotations: {cpu: '{{ overrides.cpu }}'}}\n",
+        );
+        let h = p.template_hash().to_owned();
+        let record = |from: &str, value: &str| {
+            let rec = splice_engine::OverrideRecord {
+                from: from.into(),
+                sha256: splice_engine::overrides::digest(value),
+            };
+            vec![("mesh".to_owned(), [("cpu".to_owned(), rec)].into())]
+        };
+        let mut from_ns = pod("shop", "from-namespace", &[], 2000, Some(&h));
+        from_ns.overrides = record("namespace", "200m");
+        let mut own = pod("shop", "own", &[], 2000, Some(&h));
+        own.overrides = record("pod", "300m");
+        let namespaces = |value: &str| {
+            let context = NamespaceContext {
+                name: "shop".into(),
+                annotations: [("mesh.example/cpu".to_owned(), value.to_owned())].into(),
+                ..NamespaceContext::default()
+            };
+            HashMap::from([("shop".to_owned(), context)])
+        };
+        let exclusions = Exclusions::default_for("s");
+        let pods = [from_ns, own];
+        let same = count(&p, at(0), &namespaces("200m"), &exclusions, &pods);
+        assert_eq!((same.coverage.current, same.coverage.outdated), (2, 0));
+        let changed = count(&p, at(0), &namespaces("400m"), &exclusions, &pods);
+        assert_eq!(
+            (changed.coverage.current, changed.coverage.outdated),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_refused_namespace_annotation_is_named_in_the_condition_and_selected_namespaces_only() {
+        let p = policy(
+            "namespaceSelector: {matchLabels: {mesh: 'on'}}\n\
+             overrides: [{name: level, annotation: mesh.example/level, type: string, \
+             default: info, rule: \"self in ['info', 'debug']\", message: 'info or debug'}]\n",
+        );
+        let ns = |name: &str, mesh: &str, level: &str| {
+            let context = NamespaceContext {
+                name: name.into(),
+                labels: [("mesh".to_owned(), mesh.to_owned())].into(),
+                annotations: [("mesh.example/level".to_owned(), level.to_owned())].into(),
+            };
+            (name.to_owned(), context)
+        };
+        let exclusions = Exclusions::default_for("s");
+        let namespaces = HashMap::from([
+            ns("good", "on", "debug"),
+            ns("bad", "on", "trace"),
+            ns("unselected", "off", "trace"),
+        ]);
+        let a = overrides_accepted(&p, &namespaces, &exclusions).unwrap();
+        assert_eq!(a.refused, 1);
+        assert!(a.message.contains("namespace bad"), "{}", a.message);
+        assert!(a.message.contains("info or debug"), "{}", a.message);
+        assert!(!a.message.contains("unselected"), "{}", a.message);
+        let fine = HashMap::from([ns("good", "on", "debug")]);
+        assert_eq!(
+            overrides_accepted(&p, &fine, &exclusions).unwrap().refused,
+            0
+        );
+        assert_eq!(
+            overrides_accepted(&policy("{}\n"), &namespaces, &exclusions),
+            None
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::leader::Leadership;
 
-/// The field manager of `status.coverage`.
+/// The field manager of `status.coverage` and the OverridesAccepted condition.
 pub const COVERAGE_MANAGER: &str = "splice-coverage";
 /// The field manager of `status.probe` and the Verified condition.
 pub const PROBE_MANAGER: &str = "splice-probe";
@@ -27,7 +27,7 @@ pub const ROLLOUT_MANAGER: &str = "splice-rollout";
 pub enum Owner {
     /// The reconcile: everything the others do not own.
     Reconcile,
-    /// `status.coverage`.
+    /// `status.coverage` and the OverridesAccepted condition.
     Coverage,
     /// `status.probe` and the Verified condition.
     Probe,
@@ -50,6 +50,7 @@ impl Owner {
         match type_ {
             condition::VERIFIED => Owner::Probe,
             condition::ROLLED_OUT => Owner::Rollout,
+            condition::OVERRIDES_ACCEPTED => Owner::Coverage,
             _ => Owner::Reconcile,
         }
     }

@@ -18,7 +18,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{InjectionPolicy, STATUS_ANNOTATION, condition};
 use splice_engine::explain::{selects_namespace, selects_pod};
-use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext};
+use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext, OverrideRecord};
 use splice_server::store::PolicyStore;
 use tokio::sync::watch;
 
@@ -42,6 +42,9 @@ pub struct PodRecord {
     pub owner: PodOwner,
     /// (policy, revision, when) for each in-place update recorded in `splice.dev/in-place`.
     pub in_place: Vec<(String, String, Option<Timestamp>)>,
+    /// (policy, what it recorded of its overrides) for each entry of `splice.dev/status` that
+    /// recorded some: a namespace's annotation can outdate the pod ([`classify`]).
+    pub overrides: Vec<(String, BTreeMap<String, OverrideRecord>)>,
 }
 
 impl PodRecord {
@@ -51,6 +54,16 @@ impl PodRecord {
             .iter()
             .find(|(p, r, _)| p == policy && r == revision)
             .map(|(_, _, at)| *at)
+    }
+
+    pub(crate) fn recorded_overrides(
+        &self,
+        policy: &str,
+    ) -> Option<&BTreeMap<String, OverrideRecord>> {
+        self.overrides
+            .iter()
+            .find(|(p, _)| p == policy)
+            .map(|(_, o)| o)
     }
 
     pub(crate) fn recorded_hash(&self, policy: &str) -> Option<&str> {
@@ -123,7 +136,9 @@ pub fn classify<'a>(
             return None;
         }
         let state = match pod.recorded_hash(policy.name()) {
-            Some(h) if h == current => PodState::Current,
+            Some(h) if h == current && !overrides_drifted(policy, namespaces, pod) => {
+                PodState::Current
+            }
             Some(_) => PodState::Outdated,
             None => {
                 let after = match (pod.created, missable_after) {
@@ -138,6 +153,30 @@ pub fn classify<'a>(
         };
         Some((pod, state))
     })
+}
+
+/// Whether a value the pod took from its namespace (or the default) under `policy`'s overrides
+/// is no longer what the namespace gives ([`splice_engine::overrides::Overrides::drifted`]).
+fn overrides_drifted(
+    policy: &CompiledPolicy,
+    namespaces: &HashMap<String, NamespaceContext>,
+    pod: &PodRecord,
+) -> bool {
+    let overrides = policy.overrides();
+    if overrides.is_empty() {
+        return false;
+    }
+    let empty = BTreeMap::new();
+    let annotations = namespaces
+        .get(&*pod.namespace)
+        .map_or(&empty, |c| &c.annotations);
+    overrides
+        .drifted(
+            pod.recorded_overrides(policy.name()),
+            &pod.namespace,
+            annotations,
+        )
+        .is_some()
 }
 
 /// When the policy's Ready condition last turned True, if it is True: Ready turns True only once
@@ -156,22 +195,40 @@ pub fn in_force_since(policy: &InjectionPolicy) -> Option<Timestamp> {
 /// (policy, [`version`]) for each entry of a pod's `splice.dev/status`; none when it is absent
 /// or unreadable.
 pub fn injected_versions(annotations: Option<&BTreeMap<String, String>>) -> Vec<(String, String)> {
+    recorded(annotations).0
+}
+
+/// Per policy entry of a pod's `splice.dev/status`: its [`version`], and what it recorded of its
+/// overrides when it recorded some.
+type Recorded = (
+    Vec<(String, String)>,
+    Vec<(String, BTreeMap<String, OverrideRecord>)>,
+);
+
+fn recorded(annotations: Option<&BTreeMap<String, String>>) -> Recorded {
     #[derive(serde::Deserialize)]
     struct Entry {
         #[serde(default)]
         hash: String,
         #[serde(default)]
         data: BTreeMap<String, String>,
+        #[serde(default)]
+        overrides: BTreeMap<String, OverrideRecord>,
     }
-    annotations
+    let Some(entries) = annotations
         .and_then(|a| a.get(STATUS_ANNOTATION))
         .and_then(|raw| serde_json::from_str::<BTreeMap<String, Entry>>(raw).ok())
-        .map(|m| {
-            m.into_iter()
-                .map(|(p, e)| (p, version(&e.hash, &e.data)))
-                .collect()
-        })
-        .unwrap_or_default()
+    else {
+        return Recorded::default();
+    };
+    let mut out = Recorded::default();
+    for (policy, e) in entries {
+        out.0.push((policy.clone(), version(&e.hash, &e.data)));
+        if !e.overrides.is_empty() {
+            out.1.push((policy, e.overrides));
+        }
+    }
+    out
 }
 
 /// (policy, revision, when) of each entry of a pod's `splice.dev/in-place` (written by the
@@ -211,7 +268,7 @@ pub fn record(
             n
         }
     };
-    let injected = injected_versions(meta.metadata.annotations.as_ref());
+    let (injected, overrides) = recorded(meta.metadata.annotations.as_ref());
     let owner = meta
         .metadata
         .owner_references
@@ -230,6 +287,7 @@ pub fn record(
         injected,
         owner,
         in_place: in_place_updates(meta.metadata.annotations.as_ref()),
+        overrides,
     })
 }
 
@@ -327,7 +385,8 @@ pub(crate) async fn watch_namespaces(
     let context = |n: &PartialObjectMeta<Namespace>| NamespaceContext {
         name: n.name_any(),
         labels: n.metadata.labels.clone().unwrap_or_default(),
-        annotations: BTreeMap::new(),
+        // Overrides read them: a namespace's annotation can outdate its pods.
+        annotations: n.metadata.annotations.clone().unwrap_or_default(),
     };
     let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
     while let Some(event) = events.next().await {

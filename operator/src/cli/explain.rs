@@ -381,6 +381,73 @@ pub(crate) struct PolicyReport {
     /// The in-place update the policy made on this pod (its `splice.dev/in-place` marker).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_place: Option<InPlaceReport>,
+    /// With `spec.overrides`: each value the pod gets now and where it comes from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<OverridesReport>,
+}
+
+/// What a policy's overrides give the pod now, from its annotations, its namespace's and the
+/// defaults: the values, or the refusal its admission would get.
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct OverridesReport {
+    pub values: Vec<OverrideValue>,
+    /// The pod's annotation its policy does not accept: its admission is denied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Namespace annotations set aside for their default.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespace_refused: Vec<String>,
+}
+
+#[derive(Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct OverrideValue {
+    pub name: String,
+    pub annotation: String,
+    pub value: String,
+    /// `pod`, `namespace` or `default`.
+    pub from: &'static str,
+}
+
+fn overrides_report(
+    compiled: &CompiledPolicy,
+    pod: &Value,
+    namespace: &NamespaceContext,
+) -> Option<OverridesReport> {
+    let overrides = compiled.overrides();
+    if overrides.is_empty() {
+        return None;
+    }
+    let annotations = pod.pointer("/metadata/annotations");
+    let own = |key: &str| annotations.and_then(|a| a.get(key)).and_then(Value::as_str);
+    Some(
+        match overrides.resolve(own, &namespace.name, &namespace.annotations) {
+            Ok(r) => OverridesReport {
+                values: r
+                    .values
+                    .into_iter()
+                    .map(|c| OverrideValue {
+                        name: c.name,
+                        annotation: c.annotation,
+                        value: c.value,
+                        from: c.origin.as_str(),
+                    })
+                    .collect(),
+                refused: None,
+                namespace_refused: r
+                    .namespace_refusals
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            },
+            Err(refusal) => OverridesReport {
+                values: Vec::new(),
+                refused: Some(refusal.to_string()),
+                namespace_refused: Vec::new(),
+            },
+        },
+    )
 }
 
 /// How an outdated pod reaches the new revision, as the engine sorts it
@@ -450,6 +517,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                 revision: None,
                 rollout_path: None,
                 in_place: None,
+                overrides: None,
             },
             Ok(compiled) => {
                 let verdict = why::decide(compiled, &inputs.namespace, &inputs.exclusions, &labels);
@@ -483,7 +551,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                         .as_ref()
                         .and_then(|m| m.webhook_only.as_ref())
                         .map(ToString::to_string),
-                    injection: why::injection_state(compiled, &single),
+                    injection: why::injection_state(compiled, &single, &inputs.namespace),
                     injected,
                     probe: p.probe.clone(),
                     ready: p.ready.clone(),
@@ -504,6 +572,7 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
                     }),
                     rollout_path: None,
                     in_place: None,
+                    overrides: overrides_report(compiled, &inputs.pod, &inputs.namespace),
                 }
             }
         };
@@ -864,6 +933,27 @@ fn render_table(report: &Report) -> String {
             let _ = writeln!(out, "\n{}: {error}", p.name);
         }
     }
+    for p in &report.policies {
+        let Some(o) = &p.overrides else { continue };
+        let _ = writeln!(out, "\n{}: overrides", p.name);
+        if let Some(refused) = &o.refused {
+            let _ = writeln!(out, "  REFUSED at admission: {refused}");
+        }
+        for v in &o.values {
+            let source = match v.from {
+                "pod" => format!("the pod's annotation {}", v.annotation),
+                "namespace" => format!(
+                    "namespace {}'s annotation {}",
+                    report.namespace, v.annotation
+                ),
+                _ => "the default".to_owned(),
+            };
+            let _ = writeln!(out, "  {} = {:?} (from {source})", v.name, v.value);
+        }
+        for n in &o.namespace_refused {
+            let _ = writeln!(out, "  set aside, the default is used: {n}");
+        }
+    }
     // Policies sharing one webhook entry are applied in one call, in a fixed order.
     let mut shown: Vec<&str> = Vec::new();
     for p in &report.policies {
@@ -965,6 +1055,12 @@ fn render_table(report: &Report) -> String {
         }
         list(&mut out, "labels", &e.labels);
         list(&mut out, "annotations", &e.annotations);
+        let overrides: Vec<String> = e
+            .overrides
+            .iter()
+            .map(|(name, r)| format!("{name} from {} (sha256 {})", r.from, r.sha256))
+            .collect();
+        list(&mut out, "overrides", &overrides);
     }
     out
 }
@@ -979,10 +1075,25 @@ fn state_text(s: &InjectionState) -> String {
         } if changed_sources.is_empty() => format!("outdated (was {recorded_hash})"),
         InjectionState::Outdated {
             changed_sources, ..
-        } => format!(
-            "outdated (valuesFrom data changed: {})",
-            changed_sources.join(", ")
-        ),
+        } => {
+            // `override NAME`: the value it took from the namespace changed there.
+            let (overrides, data): (Vec<&String>, Vec<&String>) = changed_sources
+                .iter()
+                .partition(|s| s.starts_with("override "));
+            let mut why = Vec::new();
+            if !data.is_empty() {
+                let data: Vec<&str> = data.iter().map(|s| s.as_str()).collect();
+                why.push(format!("valuesFrom data changed: {}", data.join(", ")));
+            }
+            if !overrides.is_empty() {
+                let names: Vec<&str> = overrides
+                    .iter()
+                    .filter_map(|s| s.strip_prefix("override "))
+                    .collect();
+                why.push(format!("namespace value changed: {}", names.join(", ")));
+            }
+            format!("outdated ({})", why.join("; "))
+        }
     }
 }
 
@@ -1048,6 +1159,13 @@ fn online_inputs(args: &Args, pod: &str, cluster: &super::ClusterArgs) -> Result
     if !args.namespace.namespace_labels.is_empty() {
         return Err(
             "--namespace-label is for -f (offline); online the namespace's own labels are used"
+                .into(),
+        );
+    }
+    if !args.namespace.namespace_annotations.is_empty() {
+        return Err(
+            "--namespace-annotation is for -f (offline); online the namespace's own \
+                    annotations are used"
                 .into(),
         );
     }

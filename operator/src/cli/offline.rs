@@ -553,7 +553,7 @@ pub(crate) fn stdin_at_most_once<'a>(
     Ok(())
 }
 
-/// Parses `K=V` for `--namespace-label`.
+/// Parses `K=V` for `--namespace-label` and `--namespace-annotation`.
 pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -677,6 +677,10 @@ pub(crate) struct NamespaceArgs {
     /// kubernetes.io/metadata.name=<namespace> is always set, as the API server does.
     #[arg(long = "namespace-label", value_name = "K=V", value_parser = parse_label)]
     pub namespace_labels: Vec<(String, String)>,
+    /// An annotation of that namespace, for templates and `spec.overrides` (repeatable): a
+    /// policy's override reads it when the pod does not set its own.
+    #[arg(long = "namespace-annotation", value_name = "K=V", value_parser = parse_label)]
+    pub namespace_annotations: Vec<(String, String)>,
     /// Splice's own namespace, never injected (like kube-system and kube-node-lease); also
     /// where a `valuesFrom` entry without a namespace reads.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_SPLICE_NAMESPACE)]
@@ -737,7 +741,7 @@ impl NamespaceArgs {
         NamespaceContext {
             name,
             labels,
-            annotations: BTreeMap::new(),
+            annotations: self.namespace_annotations.iter().cloned().collect(),
         }
     }
 
@@ -868,6 +872,13 @@ pub(crate) fn call_entry(
                 });
                 after.push(None);
                 continue;
+            }
+            // The API server denies the whole admission, whatever the failure policy.
+            Ok(Decision::Refuse(refused)) => {
+                return Err(ChainError {
+                    policy: policies[index].name.clone(),
+                    message: format!("denied: {refused}"),
+                });
             }
             Err(e) => {
                 let policy = &policies[index];
@@ -1409,6 +1420,7 @@ mod tests {
         let args = NamespaceArgs {
             namespace: None,
             namespace_labels: vec![("mesh".into(), "enabled".into())],
+            namespace_annotations: Vec::new(),
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
             revision: Revision::InForce,
@@ -1434,6 +1446,7 @@ mod tests {
         let args = NamespaceArgs {
             namespace: Some("prod".into()),
             namespace_labels: vec![(NAMESPACE_NAME_LABEL.into(), "dev".into())],
+            namespace_annotations: Vec::new(),
             splice_namespace: DEFAULT_SPLICE_NAMESPACE.into(),
             values_from: Vec::new(),
             revision: Revision::InForce,

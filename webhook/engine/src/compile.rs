@@ -8,6 +8,7 @@ use selector::Selector;
 use splice_crds::{InjectionPolicySpec, NAMESPACE_NAME_LABEL, STATUS_ANNOTATION};
 use template::{Templates, first_duplicate};
 
+use crate::overrides::Overrides;
 use crate::*;
 
 /// A policy checked and compiled once (templates parsed, selectors validated, hash computed), then
@@ -35,6 +36,8 @@ pub struct CompiledPolicy {
     pub(crate) warnings: Vec<PolicyWarning>,
     /// Per `valuesFrom` source, the digest of the data rendered (empty without data).
     pub(crate) data: BTreeMap<String, String>,
+    /// `spec.overrides`, compiled.
+    pub(crate) overrides: Overrides,
 }
 
 impl CompiledPolicy {
@@ -116,13 +119,15 @@ impl CompiledPolicy {
                 }
             }
         }
-        let templates = Templates::compile_with(name, generation, spec, data).map_err(|e| {
-            PolicyError::Template {
-                policy: policy.clone(),
-                field: e.field,
-                message: e.message,
-            }
-        })?;
+        let overrides = Overrides::compile(spec).map_err(|e| invalid(e.field, e.message))?;
+        let templates =
+            Templates::compile_with(name, generation, spec, data, &overrides).map_err(|e| {
+                PolicyError::Template {
+                    policy: policy.clone(),
+                    field: e.field,
+                    message: e.message,
+                }
+            })?;
         check_unique(&policy, &templates)?;
         let pod_security = podsecurity::assess(&templates);
         if !spec.allow_privileged
@@ -169,6 +174,7 @@ impl CompiledPolicy {
             pod_security,
             warnings,
             data: data.map(|d| d.digests.clone()).unwrap_or_default(),
+            overrides,
         })
     }
     /// The strictest Pod Security level the injected content satisfies, and why no stricter one.
@@ -192,6 +198,10 @@ impl CompiledPolicy {
     /// renders; empty when compiled without data.
     pub fn data_digests(&self) -> &BTreeMap<String, String> {
         &self.data
+    }
+    /// `spec.overrides`, compiled: [`Overrides::resolve`] gives a pod's values.
+    pub fn overrides(&self) -> &Overrides {
+        &self.overrides
     }
     pub fn spec(&self) -> &InjectionPolicySpec {
         &self.spec

@@ -149,13 +149,27 @@ pub fn selects_pod(policy: &CompiledPolicy, pod_labels: &BTreeMap<String, String
             .matches(|k| pod_labels.get(k).map(String::as_str))
 }
 
-/// Compares what the pod recorded for `policy` with the policy's current template hash and, when
-/// the policy was compiled with its `valuesFrom` data, with the digest of each source.
-pub fn injection_state(policy: &CompiledPolicy, provenance: &Provenance) -> InjectionState {
+/// Compares what the pod recorded for `policy` with the policy's current template hash, when
+/// the policy was compiled with its `valuesFrom` data with the digest of each source, and with
+/// the values its overrides take from `namespace` now (a changed one counts as a changed source,
+/// `override NAME`).
+pub fn injection_state(
+    policy: &CompiledPolicy,
+    provenance: &Provenance,
+    namespace: &NamespaceContext,
+) -> InjectionState {
     let Some(entry) = provenance.get(policy.name()) else {
         return InjectionState::NotInjected;
     };
-    let changed_sources = changed_sources(policy.data_digests(), &entry.data);
+    let mut changed_sources = changed_sources(policy.data_digests(), &entry.data);
+    let recorded = (!entry.overrides.is_empty()).then_some(&entry.overrides);
+    if let Some(name) =
+        policy
+            .overrides()
+            .drifted(recorded, &namespace.name, &namespace.annotations)
+    {
+        changed_sources.push(format!("override {name}"));
+    }
     if entry.hash == policy.template_hash() && changed_sources.is_empty() {
         return InjectionState::Current;
     }
@@ -385,7 +399,10 @@ mod tests {
     fn a_recorded_hash_other_than_the_policys_is_outdated() {
         let p = policy("template: {labels: {a: b}}\n");
         let mut prov = Provenance::new();
-        assert_eq!(injection_state(&p, &prov), InjectionState::NotInjected);
+        assert_eq!(
+            injection_state(&p, &prov, &NamespaceContext::default()),
+            InjectionState::NotInjected
+        );
         prov.insert(
             "p".into(),
             ProvenanceEntry {
@@ -393,7 +410,10 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(injection_state(&p, &prov), InjectionState::Current);
+        assert_eq!(
+            injection_state(&p, &prov, &NamespaceContext::default()),
+            InjectionState::Current
+        );
         prov.insert(
             "p".into(),
             ProvenanceEntry {
@@ -402,7 +422,7 @@ mod tests {
             },
         );
         assert_eq!(
-            injection_state(&p, &prov),
+            injection_state(&p, &prov, &NamespaceContext::default()),
             InjectionState::Outdated {
                 changed_sources: Vec::new(),
                 recorded_hash: "old".into()

@@ -10,6 +10,7 @@ use template::first_duplicate;
 use view::{PodView, Str};
 
 use crate::pod::parse_value;
+use crate::provenance::OverrideRecord;
 use crate::*;
 
 /// The namespace a pod is admitted into, as templates and namespace selectors see it.
@@ -86,6 +87,22 @@ pub enum Decision {
     Inject(Injection),
     /// Nothing to do, and why (with a stable label for metrics).
     Skip(SkipReason),
+    /// The pod sets an override its policy does not accept: the admission is denied, whatever
+    /// the failure policy (a decision, not a failure).
+    Refuse(Refused),
+}
+
+/// A pod refused by a policy's `spec.overrides`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    pub policy: String,
+    pub refusal: overrides::Refusal,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "splice policy {}: {}", self.policy, self.refusal)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -186,10 +203,34 @@ fn run(
         return Ok((Decision::Skip(reason), None));
     }
     let status = plan::Status::read(view, &policy.name);
+    let overrides = if policy.overrides.is_empty() {
+        None
+    } else {
+        let annotations = view.metadata.as_ref().and_then(|m| m.annotations.as_ref());
+        let pod = |key: &str| {
+            annotations
+                .and_then(|a| a.get(key))
+                .map(|raw| serde_json::from_str::<String>(raw.get()).unwrap_or_default())
+        };
+        match policy
+            .overrides
+            .resolve(pod, &request.namespace.name, &request.namespace.annotations)
+        {
+            Ok(resolved) => Some(resolved),
+            Err(refusal) => {
+                let refused = Refused {
+                    policy: policy.name.clone(),
+                    refusal,
+                };
+                return Ok((Decision::Refuse(refused), None));
+            }
+        }
+    };
 
     let deps = policy.templates.deps;
     let meta_only = request.operation == Operation::Update;
-    let cached = if deps.pod {
+    // A policy with overrides records each pod's values: nothing is shared between pods.
+    let cached = if deps.pod || overrides.is_some() {
         None
     } else {
         let scope = if deps.namespace_beyond_name {
@@ -203,7 +244,7 @@ fn run(
             policy
                 .render_cache
                 .get_or_render(scope, meta_only, request.namespace, || {
-                    render(policy, request, &status, meta_only)?
+                    render(policy, request, &status, None, meta_only)?
                         .to_owned_rendering()
                         .map_err(|e| EngineError::InvalidObject(e.to_string()))
                 })?,
@@ -213,7 +254,7 @@ fn run(
     let rendered = match &cached {
         Some(rendering) => &**rendering,
         None => {
-            fresh = render(policy, request, &status, meta_only)?;
+            fresh = render(policy, request, &status, overrides.as_ref(), meta_only)?;
             &fresh
         }
     };
@@ -231,10 +272,22 @@ fn run(
     {
         return Ok((Decision::Inject(injection), None));
     }
+    let records: BTreeMap<String, OverrideRecord> = overrides
+        .iter()
+        .flat_map(|r| &r.values)
+        .map(|c| {
+            let record = OverrideRecord {
+                from: c.origin.as_str().to_owned(),
+                sha256: c.digest(),
+            };
+            (c.name.clone(), record)
+        })
+        .collect();
     let plan = plan::plan(plan::PlanInput {
         policy: &policy.name,
         hash: &policy.hash,
         data: &policy.data,
+        overrides: &records,
         facts: &facts,
         earlier: status.annotated.then_some(plan::Earlier {
             status: &status,
@@ -270,10 +323,11 @@ fn render<'p>(
     policy: &'p CompiledPolicy,
     request: &PodRequest<'_>,
     status: &plan::Status,
+    overrides: Option<&overrides::Resolved>,
     meta_only: bool,
 ) -> Result<template::Rendered<'p>, EngineError> {
     let deps = policy.templates.deps;
-    let ctx = if deps.pod || deps.namespace {
+    let ctx = if deps.any() {
         let ns = request.namespace;
         let (pod, identity) = if deps.pod {
             let mut value = parse_value(request.object.text)?;
@@ -299,10 +353,15 @@ fn render<'p>(
         } else {
             JValue::UNDEFINED
         };
+        let overrides = match overrides {
+            Some(r) if deps.overrides => r.context(&policy.overrides),
+            _ => JValue::UNDEFINED,
+        };
         minijinja::context! {
             pod => pod,
             namespace => namespace,
             identity => identity,
+            overrides => overrides,
             policy => policy.policy_ctx.clone(),
             values => policy.values_ctx.clone(),
         }
@@ -317,7 +376,7 @@ fn render<'p>(
             field: e.field,
             message: e.message,
         })?;
-    if deps.pod || deps.namespace {
+    if deps.any() {
         check_rendered_names(&policy.name, &rendered)?;
     }
     Ok(rendered)

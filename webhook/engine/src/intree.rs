@@ -138,6 +138,19 @@ impl CompiledPolicy {
                     .into(),
             });
         }
+        // The in-tree form could read the annotations through `object` and `namespaceObject`,
+        // but a refusal needs a ValidatingAdmissionPolicy beside it, and a namespace value that
+        // fails must fall back to the default without refusing: until both are built and proven
+        // equal to the webhook, the webhook keeps overrides.
+        if !self.spec.overrides.is_empty() {
+            return Err(WebhookOnly {
+                field: "spec.overrides".into(),
+                expression: None,
+                reason: "overrides are checked and refused by the webhook only: the in-tree form \
+                         has no refusal of a pod whose annotation fails its rule"
+                    .into(),
+            });
+        }
         if self.spec.operations.contains(&Operation::Update) {
             return Err(WebhookOnly {
                 field: "spec.operations".into(),

@@ -16,6 +16,7 @@ mod facts;
 pub mod identity;
 mod inject;
 pub mod intree;
+pub mod overrides;
 mod patch;
 mod plan;
 mod pod;
@@ -34,15 +35,15 @@ pub use chain::{Chained, inject_in_order};
 pub use compile::CompiledPolicy;
 pub use error::{EngineError, PolicyError};
 pub use inject::{
-    Decision, Exclusions, Injection, NamespaceContext, PodRequest, Selection, SkipReason, inject,
-    inject_and_apply,
+    Decision, Exclusions, Injection, NamespaceContext, PodRequest, Refused, Selection, SkipReason,
+    inject, inject_and_apply,
 };
 pub use intree::{CelVariable, InTreeProgram, ModeDecision, WebhookOnly};
 #[cfg(feature = "serde-oracle")]
 pub use pod::oracle_check_views;
 pub use pod::{Pod, provenance};
 pub use podsecurity::PodSecurity;
-pub use provenance::{Provenance, ProvenanceEntry};
+pub use provenance::{OverrideRecord, Provenance, ProvenanceEntry};
 pub use selector::Selector;
 pub use template::{FUEL, MAX_RENDERED_LEN, MAX_SOURCE_LEN};
 pub use values_from::{DataSources, ResolvedValues, SourceKind, SourceRef, ValuesFromError};

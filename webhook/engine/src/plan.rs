@@ -20,7 +20,7 @@ use splice_crds::{Operation, STATUS_ANNOTATION};
 
 use super::facts::{Lookups, NotRead, PodFacts, SpecFacts};
 use super::patch::{Op, OpValue, Path, Text};
-use super::provenance::{EntryRef, Names, ProvenanceEntry, push_name};
+use super::provenance::{EntryRef, Names, OverrideRecord, ProvenanceEntry, push_name};
 use super::template::{RItem, Rendered};
 use super::view::{self, PodView, Raw, RawContainerView, RawPodView, RawSpecView, Str};
 use super::{EngineError, validate};
@@ -105,6 +105,8 @@ pub(crate) struct PlanInput<'x> {
     pub hash: &'x str,
     /// The data digests of `valuesFrom` recorded with the hash.
     pub data: &'x BTreeMap<String, String>,
+    /// The overrides' origins and digests for this pod.
+    pub overrides: &'x BTreeMap<String, OverrideRecord>,
     pub facts: &'x PodFacts<'x>,
     /// `None` for a pod without the status annotation.
     pub earlier: Option<Earlier<'x>>,
@@ -340,6 +342,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         policy,
         hash,
         data,
+        overrides,
         facts,
         earlier,
         rendered,
@@ -357,6 +360,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
         entry: EntryRef {
             hash,
             data: Some(data),
+            overrides: Some(overrides),
             ..EntryRef::default()
         },
     };

@@ -33,6 +33,17 @@ pub struct ProvenanceEntry {
     /// rendered with, so coverage and `explain` can say which pods are stale and why.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub data: BTreeMap<String, String>,
+    /// Per `spec.overrides` name, where the pod's value came from and its digest.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub overrides: BTreeMap<String, OverrideRecord>,
+}
+
+/// What `splice.dev/status` records of one override: its origin (`pod`, `namespace`, `default`)
+/// and the first 16 hex digits of the value's SHA-256 (the value is on the pod or namespace).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideRecord {
+    pub from: String,
+    pub sha256: String,
 }
 
 /// Every policy's entry in a pod's `splice.dev/status` annotation, by policy name.
@@ -93,6 +104,8 @@ pub(crate) struct EntryRef<'a> {
     pub annotations: Names<'a>,
     /// The data digests (`ProvenanceEntry::data`); `None` when there are none.
     pub data: Option<&'a BTreeMap<String, String>>,
+    /// The overrides' origins (`ProvenanceEntry::overrides`); `None` when there are none.
+    pub overrides: Option<&'a BTreeMap<String, OverrideRecord>>,
 }
 
 impl<'a> EntryRef<'a> {
@@ -112,6 +125,7 @@ impl<'a> EntryRef<'a> {
             labels: Names::Recorded(&e.labels),
             annotations: Names::Recorded(&e.annotations),
             data: Some(&e.data),
+            overrides: Some(&e.overrides),
         }
     }
 
@@ -207,6 +221,27 @@ impl<'a> EntryRef<'a> {
             }
             out.push(b'}');
         }
+        if let Some(overrides) = self.overrides.filter(|o| !o.is_empty()) {
+            field(out, "overrides");
+            out.push(b'{');
+            for (i, (name, record)) in overrides.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                push_name(out, name, nested);
+                out.push(b':');
+                out.push(b'{');
+                out.extend_from_slice(q);
+                out.extend_from_slice(b"from");
+                out.extend_from_slice(q);
+                out.push(b':');
+                push_name(out, &record.from, nested);
+                field(out, "sha256");
+                push_name(out, &record.sha256, nested);
+                out.push(b'}');
+            }
+            out.push(b'}');
+        }
         out.push(b'}');
     }
 
@@ -251,9 +286,21 @@ mod tests {
             (map.clone(), map),
             (names.clone(), names),
             proptest::collection::btree_map(name, name, 0..3),
+            proptest::collection::btree_map(
+                name,
+                (name, name).prop_map(|(from, sha256)| OverrideRecord { from, sha256 }),
+                0..3,
+            ),
         )
             .prop_map(
-                |(hash, (i, c, v), (env, volume_mounts), (labels, annotations), data)| {
+                |(
+                    hash,
+                    (i, c, v),
+                    (env, volume_mounts),
+                    (labels, annotations),
+                    data,
+                    overrides,
+                )| {
                     ProvenanceEntry {
                         hash,
                         init_containers: i,
@@ -264,6 +311,7 @@ mod tests {
                         labels,
                         annotations,
                         data,
+                        overrides,
                     }
                 },
             )

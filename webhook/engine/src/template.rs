@@ -17,6 +17,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use splice_crds::InjectionPolicySpec;
 
+use super::overrides::Overrides;
 use super::values_from::{ResolvedValues, hex, placeholders};
 use super::wire::Fragment;
 
@@ -29,7 +30,17 @@ pub const MAX_RENDERED_LEN: usize = 64 * 1024;
 
 /// Names a template may read at its top level. `range` and `dict` are minijinja's own global
 /// functions; `namespace()` and `debug()` are removed so `namespace` is always the pod's namespace.
-const ALLOWED_NAMES: [&str; 6] = ["pod", "namespace", "policy", "values", "range", "dict"];
+const ALLOWED_NAMES: [&str; 7] = [
+    "pod",
+    "namespace",
+    "policy",
+    "values",
+    "overrides",
+    "range",
+    "dict",
+];
+/// Fields an override may reach only when it is marked `privileged`: what Pod Security judges.
+const PRIVILEGED_FIELDS: [&str; 3] = ["securityContext", "hostPath", "hostPort"];
 /// The name a template may read only when the policy has `spec.identity`.
 const IDENTITY_NAME: &str = "identity";
 
@@ -40,17 +51,21 @@ pub(crate) struct Deps {
     /// Some template reads more of the namespace than its name (labels, annotations, or the
     /// whole object): a cached rendering is then only valid for an identical namespace context.
     pub namespace_beyond_name: bool,
+    /// Some template reads `overrides`: its value depends on the pod's and the namespace's
+    /// annotations, so no rendering is shared between requests.
+    pub overrides: bool,
 }
 
 impl Deps {
-    fn any(self) -> bool {
-        self.pod || self.namespace
+    pub(crate) fn any(self) -> bool {
+        self.pod || self.namespace || self.overrides
     }
     fn or(self, other: Deps) -> Deps {
         Deps {
             pod: self.pod || other.pod,
             namespace: self.namespace || other.namespace,
             namespace_beyond_name: self.namespace_beyond_name || other.namespace_beyond_name,
+            overrides: self.overrides || other.overrides,
         }
     }
 }
@@ -413,7 +428,11 @@ impl Templates {
         generation: i64,
         spec: &InjectionPolicySpec,
     ) -> Result<Templates, TemplateError> {
-        Self::compile_with(name, generation, spec, None)
+        let overrides = Overrides::compile(spec).map_err(|e| TemplateError {
+            field: e.field,
+            message: e.message,
+        })?;
+        Self::compile_with(name, generation, spec, None, &overrides)
     }
 
     /// [`Self::compile`] with the data of `spec.valuesFrom` (see [`static_context_with`]).
@@ -422,6 +441,7 @@ impl Templates {
         generation: i64,
         spec: &InjectionPolicySpec,
         data: Option<&ResolvedValues>,
+        overrides: &Overrides,
     ) -> Result<Templates, TemplateError> {
         let (policy, values) = static_context_with(name, generation, spec, data);
         let static_ctx = minijinja::context! { policy => policy, values => values };
@@ -432,6 +452,7 @@ impl Templates {
             secrets: secret_fields(spec, data),
             probes: None,
             identity: spec.identity.is_some(),
+            overrides: overrides.clone(),
         };
         if !c.secrets.is_empty() {
             let probe = |p| {
@@ -687,6 +708,8 @@ struct Compiler {
     probes: Option<(Environment<'static>, JValue, JValue)>,
     /// The policy has `spec.identity`, so templates may read `identity`.
     identity: bool,
+    /// `spec.overrides`, which templates read as `overrides.<name>`.
+    overrides: Overrides,
 }
 
 impl Compiler {
@@ -845,8 +868,8 @@ impl Compiler {
                     ""
                 };
                 return Err(err(format!(
-                    "unknown variable '{name}' (templates may read pod, namespace, policy and \
-                     values{without})"
+                    "unknown variable '{name}' (templates may read pod, namespace, policy, \
+                     values and overrides{without})"
                 )));
             }
             // The SPIFFE ID is the pod's namespace and service account.
@@ -855,6 +878,7 @@ impl Compiler {
         }
         let mut vars: Vec<String> = tmpl.undeclared_variables(true).into_iter().collect();
         vars.sort();
+        deps.overrides = self.check_overrides(&vars, field).map_err(err)?;
         // Anything but `namespace.name` (and attributes of that string) counts as reading the
         // whole namespace, including a bare `namespace` handed to a filter or a variable.
         deps.namespace_beyond_name = vars.iter().any(|v| {
@@ -904,6 +928,45 @@ impl Compiler {
 }
 
 impl Compiler {
+    /// Whether a template with these variable paths reads `overrides`, refusing a read of an
+    /// undeclared override, a read of them all (a loop could reach any), and a read of one not
+    /// marked privileged from a field Pod Security judges.
+    fn check_overrides(&self, vars: &[String], field: &str) -> Result<bool, String> {
+        let mut reads = false;
+        for v in vars {
+            let mut parts = v.split('.');
+            if parts.next() != Some("overrides") {
+                continue;
+            }
+            reads = true;
+            let Some(name) = parts.next() else {
+                return Err("read overrides by name (overrides.<name>), not as a whole".into());
+            };
+            let declared: Vec<&str> = self.overrides.names().collect();
+            let Some(privileged) = self.overrides.lookup(name) else {
+                return Err(format!(
+                    "overrides.{name} is not declared in spec.overrides (declared: {})",
+                    if declared.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        declared.join(", ")
+                    }
+                ));
+            };
+            if !privileged
+                && let Some(f) = PRIVILEGED_FIELDS
+                    .iter()
+                    .find(|f| field.split(['.', '[']).any(|seg| seg == **f))
+            {
+                return Err(format!(
+                    "overrides.{name} may not reach {f}: mark the override privileged: true, \
+                     with a rule that bounds it to an enumerated set"
+                ));
+            }
+        }
+        Ok(reads)
+    }
+
     /// The entry feeding a Secret-fed value the template may read: one it names, or the first
     /// when it reads `values` as a whole (a loop or a lookup could reach any key).
     fn secret_read(&self, vars: &[String]) -> Option<&str> {
@@ -942,6 +1005,12 @@ pub(crate) fn template_hash(
         "template": serde_json::to_value(crate::identity::template(spec))?,
         "values": serde_json::to_value(&spec.values)?,
     });
+    // Only when there are overrides, so that the hash of every policy without them (and of the
+    // pods it injected) stays what it was.
+    let mut doc = doc;
+    if !spec.overrides.is_empty() {
+        doc["overrides"] = serde_json::to_value(&spec.overrides)?;
+    }
     let mut canonical = Vec::new();
     write_canonical(&doc, &mut canonical)?;
     let digest = Sha256::digest(&canonical);

@@ -61,7 +61,8 @@ pub enum Outcome {
     Null,
     /// A policy the validating webhook admitted.
     Allowed,
-    /// A policy the validating webhook refused.
+    /// A policy the validating webhook refused, or a pod whose override annotation its policy
+    /// does not accept.
     Denied,
 }
 

@@ -523,3 +523,51 @@ async fn a_shared_entry_naming_an_unknown_policy_still_injects_the_known_ones() 
         assert_eq!(reply.status, 404, "{bad}: {}", reply.text());
     }
 }
+
+#[tokio::test]
+async fn a_pod_whose_override_fails_its_rule_is_denied_even_under_ignore_naming_the_annotation() {
+    let guarded = policy_yaml(
+        "cpu",
+        "Ignore",
+        "  overrides:\n    - {name: cpu, annotation: mesh.example/cpu, type: quantity, default: 100m, \
+         rule: \"quantity(self).isLessThan(quantity('1'))\", message: at most 1 CPU}\n  \
+         template:\n    containers: [{name: proxy, image: proxy:1, \
+         resources: {requests: {cpu: '{{ overrides.cpu }}'}}}]",
+    );
+    let logs = policy_yaml(
+        "logs",
+        "Ignore",
+        "  template:\n    containers: [{name: shipper, image: shipper:1}]",
+    );
+    let server = Running::start_with(config(), store_with(&[&guarded, &logs]), None).await;
+    let pod = r#"{"kind":"Pod","metadata":{"name":"x","annotations":{"mesh.example/cpu":"2"}},"spec":{"containers":[{"name":"app","image":"app:1"}]}}"#;
+    let body = pod_review("u-deny", "shop", false, pod);
+    let reply = exchange(
+        &server,
+        &post("/inject/logs,cpu", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let v = reply.json();
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    assert_eq!(v["response"]["status"]["code"], 422);
+    let message = v["response"]["status"]["message"].as_str().unwrap();
+    for part in ["cpu", "mesh.example/cpu", "\"2\"", "at most 1 CPU"] {
+        assert!(message.contains(part), "{message:?} lacks {part:?}");
+    }
+    assert!(v["response"].get("patch").is_none(), "{v}");
+    assert_eq!(server.metrics.admission("cpu").requests(Outcome::Denied), 1);
+
+    let fine = pod.replace("\"2\"", "\"250m\"");
+    let body = pod_review("u-ok", "shop", false, &fine);
+    let reply = exchange(
+        &server,
+        &post("/inject/cpu", "application/json", body.as_bytes()),
+    )
+    .await;
+    let patched = apply(&fine, &patch_of(&reply).expect("a patch"));
+    assert_eq!(
+        patched["spec"]["containers"][1]["resources"]["requests"]["cpu"],
+        "250m"
+    );
+}

@@ -378,6 +378,7 @@ pub(crate) mod tests {
             injected: vec![("mesh".to_owned(), "h".to_owned())],
             owner: PodOwner::ReplicaSet,
             in_place: Vec::new(),
+            overrides: Vec::new(),
         }
     }
 

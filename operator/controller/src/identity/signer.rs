@@ -235,7 +235,7 @@ impl Signer {
                 .get(&(ns.as_str(), pcr.spec.pod_name.as_str()))
                 .copied();
             let (pod, look) = match known(&self.fetched, pod, pcr, &uid) {
-                Known::Pod(pod, look) => (pod, look),
+                Known::Pod(pod, look) => (pod.map(|p| *p), look),
                 // Not in the view (yet, or gone): read before deciding, never denied unread.
                 Known::Unread(look) => {
                     ask(&mut pass.looks, look);
@@ -314,8 +314,9 @@ impl Signer {
 /// What is known of the pod a request names.
 enum Known<'a> {
     /// The pod as read, or as the view has it (with the look that reads its service account when
-    /// the view lacks it: the request's is assumed until then); `None`: read, and gone.
-    Pod(Option<Cow<'a, PodRecord>>, Option<Look>),
+    /// the view lacks it: the request's is assumed until then); `None`: read, and gone. Boxed:
+    /// a record is ten times the size of a look.
+    Pod(Option<Box<Cow<'a, PodRecord>>>, Option<Look>),
     /// Not in the view with the request's UID, not read yet.
     Unread(Look),
 }
@@ -333,19 +334,19 @@ fn known<'a>(
         pod_uid: pcr.spec.pod_uid.clone(),
     };
     if let Some(read) = fetched.get(&pcr.spec.pod_uid) {
-        return Known::Pod(read.as_ref().map(Cow::Borrowed), None);
+        return Known::Pod(read.as_ref().map(|r| Box::new(Cow::Borrowed(r))), None);
     }
     match pod.filter(|p| p.uid == pcr.spec.pod_uid) {
         None => Known::Unread(look()),
         Some(found) if !found.service_account.is_empty() => {
-            Known::Pod(Some(Cow::Borrowed(found)), None)
+            Known::Pod(Some(Box::new(Cow::Borrowed(found))), None)
         }
         Some(found) => {
             let mut assumed = found.clone();
             assumed
                 .service_account
                 .clone_from(&pcr.spec.service_account_name);
-            Known::Pod(Some(Cow::Owned(assumed)), Some(look()))
+            Known::Pod(Some(Box::new(Cow::Owned(assumed))), Some(look()))
         }
     }
 }

@@ -288,6 +288,9 @@ fn would_inject(
             "the policy leaves the probe pod alone ({})",
             <&'static str>::from(reason)
         )),
+        Ok(splice_engine::Decision::Refuse(refused)) => {
+            Err(format!("the policy refuses the probe pod: {refused}"))
+        }
         Err(e) => Err(format!(
             "the policy cannot be rendered for the probe pod: {e}"
         )),

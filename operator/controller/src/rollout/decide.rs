@@ -160,6 +160,12 @@ fn candidate(view: &View, policy: &Arc<InjectionPolicy>) -> Option<Candidate> {
     })
 }
 
+/// A pod that carries the current revision yet is outdated: a value it took from its namespace's
+/// annotation changed. An in-place update is proven per revision, so such a pod is restarted.
+fn outdated_by_overrides_only(c: &Candidate, pod: &PodRecord) -> bool {
+    pod.recorded_hash(&c.name) == Some(c.revision.as_str())
+}
+
 fn limits(rollout: &splice_crds::Rollout) -> Limits {
     Limits {
         max_concurrent: usize::try_from(rollout.max_concurrent).unwrap_or(1),
@@ -404,7 +410,9 @@ impl Rollout {
                 PodState::Outdated => PodNeed::Outdated,
                 PodState::Missed => PodNeed::Missed,
             };
-            if self.in_flight(&c.name, &c.revision, pod).is_some() {
+            if !outdated_by_overrides_only(c, pod)
+                && self.in_flight(&c.name, &c.revision, pod).is_some()
+            {
                 return None;
             }
             Some(PodNeeding {
@@ -437,7 +445,7 @@ impl Rollout {
     /// The path the planner reads for an outdated pod: `Restart` under that strategy, else
     /// what the last sorting found for this revision and the version the pod carries.
     fn path_of(&self, c: &Candidate, pod: &PodRecord) -> PodPath {
-        if c.strategy == RolloutStrategy::Restart {
+        if c.strategy == RolloutStrategy::Restart || outdated_by_overrides_only(c, pod) {
             return PodPath::Restart;
         }
         let recorded = pod.recorded_hash(&c.name).unwrap_or_default();
@@ -952,6 +960,7 @@ mod tests {
             injected: vec![("mesh".to_owned(), "old".to_owned())],
             owner: PodOwner::ReplicaSet,
             in_place: Vec::new(),
+            overrides: Vec::new(),
         }
     }
 

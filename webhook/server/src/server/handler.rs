@@ -398,6 +398,7 @@ impl Handler {
         let mut each = Vec::with_capacity(members.len());
         let mut decisions = chained.decisions.into_iter();
         let mut fatal = None;
+        let mut refusals = Vec::new();
         for member in members {
             let Some(policy) = &member.policy else {
                 // Counted and answered with a warning; a log line per request would flood during
@@ -442,6 +443,18 @@ impl Handler {
                     member.metrics.skipped(reason);
                     Outcome::Skipped
                 }
+                Ok(Decision::Refuse(refused)) => {
+                    // The value is the pod's own annotation; the log names only where it is.
+                    tracing::info!(
+                        policy = member.name,
+                        uid = %review.uid,
+                        namespace = %review.namespace,
+                        annotation = refused.refusal.annotation,
+                        "refused a pod whose override annotation its policy does not accept"
+                    );
+                    refusals.push(refused.to_string());
+                    Outcome::Denied
+                }
                 Err(e) => {
                     // An invalid-object message may quote the pod, which may hold secrets: log the
                     // kind only. Template errors name a field and a cause, which operators need.
@@ -466,6 +479,18 @@ impl Handler {
                     Outcome::Error
                 }
             });
+        }
+        // A refusal is the policy's decision: it stands whatever the failure policy, and before
+        // another member's failure.
+        if !refusals.is_empty() {
+            let body = admission::denied_response(
+                &review.api_version,
+                &review.kind,
+                &review.uid,
+                &refusals.join("; "),
+                &[],
+            );
+            return (json(body), Outcomes::Each(each));
         }
         if let Some(e) = fatal {
             let message = format!("splice could not compute the injection: {e}");
