@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
@@ -108,7 +108,10 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
     let created = wait_proxy(&pods, &web(None), ("300m", "--log-level=debug")).await?;
     assert_eq!(origins(&created, &name)["proxyCPU"]["from"], "namespace");
     let created = pods.create(&dry_run(), &web(Some("200m"))).await?;
-    assert_eq!(proxy_of(&created), ("200m".into(), "--log-level=debug".into()));
+    assert_eq!(
+        proxy_of(&created),
+        ("200m".into(), "--log-level=debug".into())
+    );
     assert_eq!(origins(&created, &name)["proxyCPU"]["from"], "pod");
     assert_eq!(origins(&created, &name)["logLevel"]["from"], "namespace");
 
@@ -120,7 +123,10 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
         .context("a pod asking for 2 CPUs was admitted")?
         .to_string();
     for part in [CPU, "\"2\"", "at most 1 CPU", &name] {
-        ensure!(denied.contains(part), "the denial {denied:?} lacks {part:?}");
+        ensure!(
+            denied.contains(part),
+            "the denial {denied:?} lacks {part:?}"
+        );
     }
 
     // A namespace's value outside the rule: the default, no pod refused, the policy says so.
@@ -150,10 +156,14 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
         app.name
     );
     annotate(&s.client, &app.name, json!({LEVEL: "debug"})).await?;
-    wait_until(Duration::from_secs(60), "OverridesAccepted=True", || async {
-        let p = policies.get(&name).await?;
-        Ok(condition(&p, "OverridesAccepted").is_some_and(|c| c.status == "True"))
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "OverridesAccepted=True",
+        || async {
+            let p = policies.get(&name).await?;
+            Ok(condition(&p, "OverridesAccepted").is_some_and(|c| c.status == "True"))
+        },
+    )
     .await?;
 
     // A stored pod: explain names each value's origin, and the CLI renders it alike offline.
@@ -162,13 +172,23 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
         .create(&PostParams::default(), &web(Some("250m")))
         .await?;
     let explained = std::process::Command::new(splice_bin()?)
-        .args(["explain", "web", "-n", &app.name, "--splice-namespace", &s.splice_ns.name])
+        .args([
+            "explain",
+            "web",
+            "-n",
+            &app.name,
+            "--splice-namespace",
+            &s.splice_ns.name,
+        ])
         .env("KUBECONFIG", splice_e2e::kubeconfig_path())
         .output()?;
     let text = String::from_utf8_lossy(&explained.stdout);
     for line in [
         format!("proxyCPU = \"250m\" (from the pod's annotation {CPU})"),
-        format!("logLevel = \"debug\" (from namespace {}'s annotation {LEVEL})", app.name),
+        format!(
+            "logLevel = \"debug\" (from namespace {}'s annotation {LEVEL})",
+            app.name
+        ),
     ] {
         ensure!(text.contains(&line), "explain lacks {line:?}: {text}");
     }
@@ -206,7 +226,10 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("splice-e2e-overrides-{}", splice_e2e::unique_suffix()));
+    let dir = std::env::temp_dir().join(format!(
+        "splice-e2e-overrides-{}",
+        splice_e2e::unique_suffix()
+    ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
@@ -278,7 +301,10 @@ async fn a_namespace_value_change_outdates_the_pods_that_took_it_and_the_rollout
         },
     )
     .await?;
-    let deployments = namespaces[0].api::<Deployment>().list(&ListParams::default()).await?;
+    let deployments = namespaces[0]
+        .api::<Deployment>()
+        .list(&ListParams::default())
+        .await?;
     for d in &deployments.items {
         ensure!(
             restarted_for(d).is_some_and(|r| r.starts_with(&name)),

@@ -7,6 +7,7 @@
 mod engine_common;
 
 use engine_common::*;
+use proptest::prelude::*;
 use serde_json::{Value, json};
 use splice_crds::Operation;
 use splice_engine::{Decision, NamespaceContext, PolicyError};
@@ -204,5 +205,119 @@ fn bad_declarations_are_refused_at_compile_naming_the_field() {
         ),
     ] {
         assert_eq!(refused(spec).field(), field, "{spec}");
+    }
+}
+
+/// A CPU value whose fate the test knows without the engine: millicores (accepted under 1000m),
+/// whole cores (accepted only at 0), or not a quantity at all.
+#[derive(Clone, Debug)]
+enum Cpu {
+    Milli(u32),
+    Cores(u32),
+    NotAQuantity(String),
+}
+
+impl Cpu {
+    fn text(&self) -> String {
+        match self {
+            Cpu::Milli(n) => format!("{n}m"),
+            Cpu::Cores(n) => n.to_string(),
+            Cpu::NotAQuantity(s) => s.clone(),
+        }
+    }
+    fn accepted(&self) -> bool {
+        match self {
+            Cpu::Milli(n) => *n < 1000,
+            Cpu::Cores(n) => *n == 0,
+            Cpu::NotAQuantity(_) => false,
+        }
+    }
+}
+
+fn cpu() -> impl Strategy<Value = Cpu> {
+    prop_oneof![
+        (0u32..2000).prop_map(Cpu::Milli),
+        (0u32..4).prop_map(Cpu::Cores),
+        "[a-z]{1,6}|[0-9]+x|-|\\.".prop_map(Cpu::NotAQuantity),
+    ]
+}
+
+fn level() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("debug".to_owned()),
+        Just("info".to_owned()),
+        Just("warn".to_owned()),
+        "[a-z]{0,8}",
+    ]
+}
+
+/// How many random annotation sets the property below tries: 10⁵ unless
+/// `SPLICE_OVERRIDE_CASES` says otherwise.
+fn cases() -> u32 {
+    std::env::var("SPLICE_OVERRIDE_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000)
+}
+
+/// Compiled once: the property runs 10⁵ cases.
+static COMPILED: std::sync::LazyLock<splice_engine::CompiledPolicy> =
+    std::sync::LazyLock::new(|| policy(PROXY));
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    /// Over random pod and namespace annotations: a pod value outside its rule is refused, no
+    /// rendered value is ever outside its rule, each comes from the pod, else the namespace, else
+    /// the default, and the webhook's patch gives the offline CLI's object (`apply` checks).
+    #[test]
+    fn no_value_outside_its_rule_is_rendered_and_precedence_holds(
+        pod_cpu in proptest::option::of(cpu()),
+        ns_cpu in proptest::option::of(cpu()),
+        pod_level in proptest::option::of(level()),
+        ns_level in proptest::option::of(level()),
+    ) {
+        let p = &*COMPILED;
+        let mut annotations = serde_json::Map::new();
+        if let Some(c) = &pod_cpu {
+            annotations.insert("mesh.example/proxy-cpu".into(), c.text().into());
+        }
+        if let Some(l) = &pod_level {
+            annotations.insert("mesh.example/log-level".into(), l.clone().into());
+        }
+        let mut namespace = Vec::new();
+        if let Some(c) = &ns_cpu {
+            namespace.push(("mesh.example/proxy-cpu", c.text()));
+        }
+        if let Some(l) = &ns_level {
+            namespace.push(("mesh.example/log-level", l.clone()));
+        }
+        let namespace: Vec<(&str, &str)> = namespace.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let team = shop(&namespace);
+        let object = pod(Value::Object(annotations));
+        if pod_cpu.as_ref().is_some_and(|c| !c.accepted()) {
+            let d = decide(p, Operation::Create, &object.to_string(), &team);
+            prop_assert!(matches!(d, Decision::Refuse(_)), "{d:?}");
+            return Ok(());
+        }
+        let (_, out) = apply(p, Operation::Create, &object, &team);
+        let (want_cpu, cpu_from) = match (&pod_cpu, &ns_cpu) {
+            (Some(c), _) => (c.text(), "pod"),
+            (None, Some(c)) if c.accepted() => (c.text(), "namespace"),
+            _ => ("100m".to_owned(), "default"),
+        };
+        // The log level is the namespace's alone (from: [Namespace]): the pod's is ignored.
+        let allowed = ["debug", "info", "warn"];
+        let (want_level, level_from) = match &ns_level {
+            Some(l) if allowed.contains(&l.as_str()) => (l.clone(), "namespace"),
+            _ => ("info".to_owned(), "default"),
+        };
+        let rendered = proxy(&out);
+        prop_assert_eq!(rendered["resources"]["requests"]["cpu"].as_str(), Some(want_cpu.as_str()));
+        let want_args = format!("--log-level={want_level}");
+        prop_assert_eq!(rendered["args"][0].as_str(), Some(want_args.as_str()));
+        let recorded = &status(&out)["mesh"]["overrides"];
+        prop_assert_eq!(recorded["proxyCPU"]["from"].as_str(), Some(cpu_from));
+        prop_assert_eq!(recorded["logLevel"]["from"].as_str(), Some(level_from));
     }
 }
