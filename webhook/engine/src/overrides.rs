@@ -243,6 +243,28 @@ impl Overrides {
         })
     }
 
+    /// What the values a pod in this namespace takes from it (or the defaults) come to: 8 hex
+    /// digits, `None` without overrides. A rollout restart records it, so a workload restarted
+    /// for one namespace value is restarted again for the next.
+    pub fn namespace_mark(
+        &self,
+        namespace_name: &str,
+        namespace: &BTreeMap<String, String>,
+    ) -> Option<String> {
+        if self.items.is_empty() {
+            return None;
+        }
+        let now = self
+            .resolve(|_| None::<&str>, namespace_name, namespace)
+            .ok()?;
+        let joined: String = now
+            .values
+            .iter()
+            .map(|c| format!("{}={}:{};", c.name, c.origin.as_str(), c.digest()))
+            .collect();
+        Some(digest(&joined)[..8].to_owned())
+    }
+
     /// Each override's value for a pod with `pod` annotations in a namespace with `namespace`
     /// annotations (named `namespace_name`): the pod's annotation, else the namespace's, else
     /// the default. A pod annotation that fails is a refusal of the pod; a namespace annotation
@@ -787,6 +809,11 @@ mod tests {
         assert_eq!(o.drifted(Some(&record(&own)), "team", &changed), None);
         // A pod injected before the policy declared overrides has no record of them.
         assert_eq!(o.drifted(None, "team", &team), Some("proxyCPU"));
+        // The rollout's mark moves with the namespace's values, and only with them.
+        let mark = o.namespace_mark("team", &team);
+        assert_eq!(mark, o.namespace_mark("team", &team.clone()));
+        assert_ne!(mark, o.namespace_mark("team", &changed));
+        assert_eq!(Overrides::default().namespace_mark("team", &team), None);
     }
 
     #[test]

@@ -100,6 +100,9 @@ pub struct Candidate {
     pub compiled: Arc<CompiledPolicy>,
     /// What its current pods carry: template hash and `valuesFrom` data digests.
     pub revision: String,
+    /// With `spec.overrides`, by namespace: what the values its pods take from the namespace
+    /// come to, recorded with a restart there (`plan::restarted_for`).
+    pub marks: BTreeMap<String, String>,
     pub limits: Limits,
     /// A halt recorded in status, not lifted by a resume: (by, at).
     pub halt: Option<(String, Option<Timestamp>)>,
@@ -133,6 +136,16 @@ fn candidate(view: &View, policy: &Arc<InjectionPolicy>) -> Option<Candidate> {
     // The generation this replica's webhook serves: what new pods get.
     let compiled = view.in_force_of(&name)?;
     let revision = view::revision(&compiled);
+    let marks = view
+        .namespaces
+        .iter()
+        .filter_map(|(name, context)| {
+            let mark = compiled
+                .overrides()
+                .namespace_mark(name, &context.annotations)?;
+            Some((name.clone(), mark))
+        })
+        .collect();
     let canary =
         in_force::open_canary(policy, compiled.template_hash()).map(|(c, _)| CanaryScope::of(c));
     let annotations = policy.annotations();
@@ -155,6 +168,7 @@ fn candidate(view: &View, policy: &Arc<InjectionPolicy>) -> Option<Candidate> {
         name,
         compiled,
         revision,
+        marks,
         resumed_at,
         canary,
     })
@@ -439,6 +453,7 @@ impl Rollout {
             promote_requested: c.promote_requested,
             strategy: c.strategy,
             updating: self.updating(c, view),
+            marks: &c.marks,
         }
     }
 
@@ -553,6 +568,7 @@ impl Rollout {
             policy: Arc::clone(&c.policy),
             name: plan.policy.clone(),
             revision: plan.revision.clone(),
+            marks: c.marks.clone(),
         };
         if !plan.restart.is_empty() {
             let verified = self
@@ -1048,8 +1064,9 @@ mod tests {
             policy: Arc::clone(&of.policy),
             name: of.name.clone(),
             revision: of.revision.clone(),
+            marks: BTreeMap::new(),
         };
-        let value = plan::restarted_for(&of.name, &of.revision);
+        let value = plan::restarted_for(&of.name, &of.revision, None);
         let at = Timestamp::now();
         r.judged(vec![Seen::Restarted(
             of,
@@ -1236,6 +1253,7 @@ mod tests {
             policy: Arc::clone(&of.policy),
             name: of.name.clone(),
             revision: of.revision.clone(),
+            marks: BTreeMap::new(),
         };
         let done = Updated::Written {
             resize: false,

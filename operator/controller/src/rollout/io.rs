@@ -2,7 +2,7 @@
 //! dry-run check, the in-place updates and resize records, each after a last leadership check;
 //! the reads of pods to sort and prove, and of a failed workload's pods.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -41,6 +41,8 @@ pub struct Of {
     pub policy: Arc<InjectionPolicy>,
     pub name: String,
     pub revision: String,
+    /// With `spec.overrides`, by namespace: the mark a restart there records with the revision.
+    pub marks: BTreeMap<String, String>,
 }
 
 /// One of the rollout's writes.
@@ -157,7 +159,8 @@ async fn restart_planned(
         if !io.leading.now() {
             break;
         }
-        let value = plan::restarted_for(&of.name, &of.revision);
+        let mark = of.marks.get(&id.namespace).map(String::as_str);
+        let value = plan::restarted_for(&of.name, &of.revision, mark);
         let now = Timestamp::now();
         match restart(&io.client, &id, &value, now).await {
             Ok(()) => {

@@ -245,6 +245,9 @@ pub struct PolicyInput<'a> {
     pub strategy: RolloutStrategy,
     /// Pods updated in place for this revision.
     pub updating: Vec<Updating<'a>>,
+    /// With `spec.overrides`, by namespace: what the values its pods take from it come to
+    /// (`Overrides::namespace_mark`), recorded with each restart.
+    pub marks: &'a BTreeMap<String, String>,
 }
 
 /// Why a workload that needs a restart is not restarted now.
@@ -298,8 +301,11 @@ pub struct Plan {
 pub const HALT_REQUESTED: &str = "halt requested";
 
 /// The restart annotation's value for a policy's revision.
-pub fn restarted_for(policy: &str, revision: &str) -> String {
-    format!("{policy}@{revision}")
+pub fn restarted_for(policy: &str, revision: &str, mark: Option<&str>) -> String {
+    match mark {
+        None => format!("{policy}@{revision}"),
+        Some(mark) => format!("{policy}@{revision}~{mark}"),
+    }
 }
 
 /// Plans every policy's rollout in one pass, so the cluster-wide `cap` holds across policies.
@@ -576,11 +582,18 @@ fn stand<'p>(
     by_namespace: &HashMap<&str, Vec<usize>>,
     now: Timestamp,
 ) -> Stood<'p> {
-    let mine = restarted_for(p.policy, p.revision);
+    let mine = |namespace: &str| {
+        restarted_for(
+            p.policy,
+            p.revision,
+            p.marks.get(namespace).map(String::as_str),
+        )
+    };
     let mut standing: BTreeMap<usize, Standing> = BTreeMap::new();
-    // Every workload restarted for this revision, needing it or not any more.
+    // Every workload restarted for this revision (and its namespace's override values), needing
+    // it or not any more.
     for (i, w) in workloads.iter().enumerate() {
-        if w.restarted_for.as_deref() != Some(mine.as_str()) {
+        if w.restarted_for.as_deref() != Some(mine(&w.id.namespace).as_str()) {
             continue;
         }
         let s = if w.settled {
@@ -720,6 +733,8 @@ mod tests {
 
     use super::*;
 
+    static NO_MARKS: BTreeMap<String, String> = BTreeMap::new();
+
     const NOW: i64 = 10_000;
 
     fn ts(s: i64) -> Timestamp {
@@ -751,7 +766,7 @@ mod tests {
     }
 
     fn restarted(mut w: Workload, revision: &str, at: i64, settled: bool) -> Workload {
-        w.restarted_for = Some(restarted_for("mesh", revision));
+        w.restarted_for = Some(restarted_for("mesh", revision, None));
         w.restarted_at = Some(ts(at));
         w.settled = settled;
         w
@@ -815,6 +830,7 @@ mod tests {
             promote_requested: false,
             strategy: RolloutStrategy::Restart,
             updating: Vec::new(),
+            marks: &NO_MARKS,
         }
     }
 
@@ -912,7 +928,7 @@ mod tests {
     #[test]
     fn workloads_restarting_for_another_policy_count_against_the_cap() {
         let mut busy = deployment("z", "busy");
-        busy.restarted_for = Some(restarted_for("other", "x"));
+        busy.restarted_for = Some(restarted_for("other", "x", None));
         busy.restarted_at = Some(ts(NOW));
         busy.settled = false;
         let workloads = [deployment("a", "w1"), busy];
@@ -932,6 +948,7 @@ mod tests {
             promote_requested: false,
             strategy: RolloutStrategy::Restart,
             updating: Vec::new(),
+            marks: &NO_MARKS,
         };
         let plans = plan(
             &[input(&pods, limits(5, 5)), other],
@@ -987,6 +1004,39 @@ mod tests {
         let pods = Pods::of(&workloads, PodNeed::Outdated);
         let p = one(input(&pods, limits(1, 1)), &workloads, 10);
         assert_eq!(names(&p.restart), ["Deployment/a/w"]);
+    }
+
+    #[test]
+    fn a_workload_restarted_for_an_earlier_namespace_value_of_its_overrides_restarts_again() {
+        // Same revision, but its namespace's override values moved since (mark m1 to m2).
+        let mut w = deployment("a", "w");
+        w.restarted_for = Some(restarted_for("mesh", "r2", Some("m1")));
+        w.restarted_at = Some(ts(NOW - 1000));
+        let workloads = [w];
+        let pods = Pods::of(&workloads, PodNeed::Outdated);
+        let marks: BTreeMap<String, String> = [("a".to_owned(), "m2".to_owned())].into();
+        let p = one(
+            PolicyInput {
+                marks: &marks,
+                ..input(&pods, limits(1, 1))
+            },
+            &workloads,
+            10,
+        );
+        assert_eq!(names(&p.restart), ["Deployment/a/w"]);
+        // Restarted for m2 already: never again.
+        let mut done = workloads[0].clone();
+        done.restarted_for = Some(restarted_for("mesh", "r2", Some("m2")));
+        let done = [done];
+        let p = one(
+            PolicyInput {
+                marks: &marks,
+                ..input(&pods, limits(1, 1))
+            },
+            &done,
+            10,
+        );
+        assert!(p.restart.is_empty());
     }
 
     #[test]
@@ -1310,7 +1360,7 @@ mod tests {
         let stuck = restarted(deployment("a", "w1"), "r1", NOW - 600, false);
         let other = {
             let mut w = deployment("b", "w2");
-            w.restarted_for = Some(restarted_for("other", "x"));
+            w.restarted_for = Some(restarted_for("other", "x", None));
             w.settled = false;
             w
         };
