@@ -4,7 +4,7 @@
 //! that fails gives the default and is named in the OverridesAccepted condition; `splice explain`
 //! names each value's origin and `splice inject` renders offline what the API server stored; and,
 //! on the real node, a namespace value change outdates the pods that took it and the rollout
-//! restarts their Deployments.
+//! restarts their Deployments, and so does the next change.
 
 #[path = "../src/operator.rs"]
 mod operator;
@@ -313,5 +313,20 @@ async fn a_namespace_value_change_outdates_the_pods_that_took_it_and_the_rollout
             restarted_for(d)
         );
     }
+
+    // A second change restarts them again: the restart records the namespace's values too.
+    annotate(&s.client, &namespaces[0].name, json!({LEVEL: "debug"})).await?;
+    wait_until(
+        Duration::from_secs(240),
+        "every pod to carry LOG_LEVEL=debug again",
+        || async {
+            let p = policies.get(&name).await?;
+            let coverage = p.status.and_then(|s| s.coverage).unwrap_or_default();
+            Ok(levels(&namespaces[0]).await? == ["debug", "debug"]
+                && coverage.current == 2
+                && coverage.outdated == 0)
+        },
+    )
+    .await?;
     Ok(())
 }
