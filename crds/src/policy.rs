@@ -177,9 +177,8 @@ pub struct Override {
     pub from: Vec<OverrideSource>,
     /// Allows the value to reach a field Pod Security judges (anything under `securityContext`,
     /// `hostPath` or `hostPort`). Only with a `rule` that bounds the value to an enumerated set
-    /// (`self in ['a', 'b']`, alone or first in a conjunction). Such a field still counts as
-    /// set at admission, so Pod Security judges it `privileged` and the policy needs
-    /// `allowPrivileged`.
+    /// (`self in ['a', 'b']`, alone or first in a conjunction): Pod Security judges the injected
+    /// content with each of those values, and the worst one counts.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub privileged: bool,
 }

@@ -40,6 +40,73 @@ pub struct CompiledPolicy {
     pub(crate) overrides: Overrides,
 }
 
+/// The most renderings of one string Pod Security judges; past it, the string counts as set at
+/// admission (privileged).
+const MAX_VARIANTS: usize = 64;
+
+/// Every rendering of `hole` over the values its overrides allow, when it reads only privileged
+/// overrides (bounded to enumerated sets), `policy` and `values`; `None` otherwise.
+fn override_variants(
+    templates: &Templates,
+    overrides: &Overrides,
+    hole: &template::Hole,
+    policy_ctx: &JValue,
+    values_ctx: &JValue,
+) -> Option<Vec<String>> {
+    let mut names: Vec<&str> = Vec::new();
+    for var in &hole.vars {
+        let mut parts = var.split('.');
+        match parts.next() {
+            Some("policy" | "values") => {}
+            Some("overrides") => {
+                let name = parts.next()?;
+                if overrides.allowed(name).is_empty() {
+                    return None;
+                }
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+            _ => return None,
+        }
+    }
+    if names.is_empty() {
+        return None;
+    }
+    let mut combos: Vec<Vec<(&str, &str)>> = vec![Vec::new()];
+    for name in &names {
+        let allowed = overrides.allowed(name);
+        if combos.len() * allowed.len() > MAX_VARIANTS {
+            return None;
+        }
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                allowed.iter().map(move |v| {
+                    let mut c = c.clone();
+                    c.push((*name, v.as_str()));
+                    c
+                })
+            })
+            .collect();
+    }
+    combos
+        .iter()
+        .map(|combo| {
+            let values: BTreeMap<&str, JValue> = combo
+                .iter()
+                .map(|(n, v)| (*n, overrides.typed(n, v)))
+                .collect();
+            let ctx = minijinja::context! {
+                policy => policy_ctx.clone(),
+                values => values_ctx.clone(),
+                overrides => JValue::from_serialize(&values),
+            };
+            templates.render_hole(hole, &ctx).ok()
+        })
+        .collect()
+}
+
 impl CompiledPolicy {
     /// Compiles `spec` for the policy `name` at `generation`. Fails with an error naming the field
     /// (e.g. `spec.template.containers[0].image`) when a template does not parse, a selector is
@@ -129,7 +196,11 @@ impl CompiledPolicy {
                 }
             })?;
         check_unique(&policy, &templates)?;
-        let pod_security = podsecurity::assess(&templates);
+        let (policy_ctx, values_ctx) = template::static_context_with(name, generation, spec, data);
+        let variants = |hole: &template::Hole| {
+            override_variants(&templates, &overrides, hole, &policy_ctx, &values_ctx)
+        };
+        let pod_security = podsecurity::assess(&templates, &variants);
         if !spec.allow_privileged
             && let Some(finding) = pod_security.privileged().next()
         {
@@ -143,7 +214,6 @@ impl CompiledPolicy {
                 ),
             });
         }
-        let (policy_ctx, values_ctx) = template::static_context_with(name, generation, spec, data);
         let static_ctx =
             minijinja::context! { policy => policy_ctx.clone(), values => values_ctx.clone() };
         let warnings = warnings::collect(spec, &templates, &static_ctx, &pod_security);

@@ -212,6 +212,14 @@ impl Overrides {
             .map(|d| d.privileged)
     }
 
+    /// `text` as templates see override `name`'s value (typed by its declaration).
+    pub(crate) fn typed(&self, name: &str, text: &str) -> JValue {
+        match self.items.iter().find(|d| d.name == name) {
+            Some(d) => typed(d.ty, text),
+            None => JValue::from(text),
+        }
+    }
+
     /// The values a privileged override's rule allows (empty for others).
     pub fn allowed(&self, name: &str) -> &[String] {
         self.items

@@ -8,8 +8,10 @@
 //! profile) counts as absent, since the policy serves pods that do not set it.
 //!
 //! A static template (one that only reads `policy` and `values`) is already rendered when this
-//! runs, so it is judged on its value. A security setting that depends on the pod or its
-//! namespace cannot be judged before admission and counts as demanding `privileged`.
+//! runs, so it is judged on its value. A security setting read from privileged overrides, which
+//! are bounded to enumerated values, is judged on each value they allow (the worst counts). Any
+//! other security setting that depends on the pod or its namespace cannot be judged before
+//! admission and counts as demanding `privileged`.
 //!
 //! `spec.allowPrivileged: false` refuses every finding at `privileged` ([`CompiledPolicy::compile`]
 //! enforces it, so the reconcile, the validating webhook and the offline CLI share the rule).
@@ -19,7 +21,11 @@
 use serde_json::Value;
 use splice_crds::PodSecurityLevel;
 
-use super::template::{self, TemplateItem, Templates};
+use super::template::{self, Hole, TemplateItem, Templates};
+
+/// Every rendering a per-request string can have, when it reads only overrides bounded to
+/// enumerated values (besides `policy` and `values`); `None` otherwise.
+pub(crate) type Variants<'a> = &'a dyn Fn(&Hole) -> Option<Vec<String>>;
 
 /// Capabilities `baseline` lets a container add; anything else (including `ALL`) is forbidden.
 const BASELINE_CAPABILITIES: [&str; 13] = [
@@ -97,10 +103,10 @@ impl PodSecurity {
 }
 
 /// Judges the compiled templates of a policy.
-pub(crate) fn assess(t: &Templates) -> PodSecurity {
+pub(crate) fn assess(t: &Templates, variants: Variants<'_>) -> PodSecurity {
     let mut findings = Vec::new();
     for item in t.init_containers.iter().chain(&t.containers) {
-        container(item, &mut findings);
+        container(item, variants, &mut findings);
     }
     for item in &t.volumes {
         volume(item, &mut findings);
@@ -157,18 +163,50 @@ fn at<'v>(v: &'v Value, path: &[&str]) -> Option<&'v Value> {
     path.iter().try_fold(v, |v, key| v.get(key))
 }
 
-fn container(item: &TemplateItem, out: &mut Vec<Finding>) {
-    let base = item.base();
-    let field = |path: &str| format!("{}.{path}", item.field);
-    // A templated string still holds its source in `base`: judge it as templated, never by value.
+fn container(item: &TemplateItem, variants: Variants<'_>, out: &mut Vec<Finding>) {
+    // A templated string still holds its source in `base`: judge it as templated, never by value,
+    // unless every value it can take is known: then the container is judged with each of them.
     let mut templated_fields = Vec::new();
+    let mut varied = Vec::new();
     for hole in item.holes() {
         if hole.under(&["securityContext"]) {
-            out.push(templated(hole.field.clone()));
+            match variants(hole) {
+                Some(values) => varied.push((hole, values)),
+                None => out.push(templated(hole.field.clone())),
+            }
             templated_fields.push(hole.field.as_str());
         }
     }
-    let is_templated = |f: &str| templated_fields.contains(&f);
+    if varied.is_empty() {
+        judge_container(item.base(), &item.field, &templated_fields, out);
+        return;
+    }
+    let mut all = Vec::new();
+    for (hole, values) in &varied {
+        let others: Vec<&str> = templated_fields
+            .iter()
+            .copied()
+            .filter(|f| *f != hole.field)
+            .collect();
+        for value in values {
+            let mut base = item.base().clone();
+            if let Some(slot) = template::walk_mut(&mut base, &hole.path) {
+                *slot = Value::String(value.clone());
+            }
+            judge_container(&base, &item.field, &others, &mut all);
+        }
+    }
+    for f in all {
+        if !out.contains(&f) {
+            out.push(f);
+        }
+    }
+}
+
+/// Judges one container as `base` holds it; the `templated` fields are not judged by value.
+fn judge_container(base: &Value, item_field: &str, templated: &[&str], out: &mut Vec<Finding>) {
+    let field = |path: &str| format!("{item_field}.{path}");
+    let is_templated = |f: &str| templated.contains(&f);
     let sc_str = |path: &[&str]| {
         let f = field(&format!("securityContext.{}", path.join(".")));
         let v = at(base, &["securityContext"])
@@ -372,7 +410,7 @@ mod tests {
         }))
         .unwrap();
         let t = Templates::compile("p", 1, &spec).unwrap();
-        assess(&t)
+        assess(&t, &|_| None)
     }
 
     fn judge_container(security: Value, extra: Value) -> PodSecurity {

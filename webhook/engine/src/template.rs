@@ -524,6 +524,12 @@ impl Templates {
         })
     }
 
+    /// Renders one per-request string with `ctx` (Pod Security judges a privileged override's
+    /// every allowed value this way).
+    pub(crate) fn render_hole(&self, hole: &Hole, ctx: &JValue) -> Result<String, TemplateError> {
+        render_one(&self.env, hole, ctx)
+    }
+
     fn render_item<'t>(
         &'t self,
         item: &'t TemplateItem,
@@ -624,7 +630,7 @@ impl Templates {
     }
 }
 
-fn walk_mut<'v>(mut v: &'v mut Value, path: &[Seg]) -> Option<&'v mut Value> {
+pub(crate) fn walk_mut<'v>(mut v: &'v mut Value, path: &[Seg]) -> Option<&'v mut Value> {
     for seg in path {
         v = match seg {
             Seg::Key(k) => v.get_mut(k.as_str())?,

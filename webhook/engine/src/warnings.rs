@@ -182,7 +182,7 @@ mod tests {
     fn warnings(spec: serde_json::Value) -> Vec<PolicyWarning> {
         let spec: InjectionPolicySpec = serde_json::from_value(spec).unwrap();
         let t = Templates::compile("p", 1, &spec).unwrap();
-        let security = podsecurity::assess(&t);
+        let security = podsecurity::assess(&t, &|_| None);
         let (policy, values) = crate::template::static_context("p", 1, &spec);
         let statics = minijinja::context! { policy => policy, values => values };
         collect(&spec, &t, &statics, &security)

@@ -321,3 +321,30 @@ proptest! {
         prop_assert_eq!(recorded["logLevel"]["from"].as_str(), Some(level_from));
     }
 }
+
+fn with_selinux_type(allowed: &str) -> Result<splice_engine::CompiledPolicy, PolicyError> {
+    try_policy(&format!(
+        "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: p}}\nspec:\n  \
+         overrides: [{{name: se, annotation: a/se, type: string, default: container_t, \
+         privileged: true, rule: \"self in [{allowed}]\"}}]\n  template:\n    containers:\n      \
+         - name: s\n        image: s:1\n        securityContext: {{seLinuxOptions: {{type: \
+         '{{{{ overrides.se }}}}'}}}}\n"
+    ))
+}
+
+#[test]
+fn pod_security_is_judged_over_every_value_a_privileged_override_allows() {
+    // Only types baseline allows: the level is what the rest of the content says.
+    let safe = with_selinux_type("'container_t', 'container_init_t'").unwrap();
+    assert_ne!(
+        safe.pod_security().level,
+        splice_crds::PodSecurityLevel::Privileged
+    );
+    // One value baseline forbids: privileged, naming it, and refused without allowPrivileged.
+    let e = with_selinux_type("'container_t', 'spc_t'").unwrap_err();
+    assert!(e.to_string().contains("spc_t"), "{e}");
+    assert_eq!(
+        e.field(),
+        "spec.template.containers[0].securityContext.seLinuxOptions.type"
+    );
+}
