@@ -95,6 +95,7 @@ async fn wait_proxy(pods: &Api<Pod>, pod: &Pod, want: (&str, &str)) -> Result<Po
 async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_bad_one_is_denied()
 -> Result<()> {
     let s = Setup::start("overrides").await?;
+    let _validating = ValidatingCleanup(s.splice_ns.name.clone());
     let app = s.app_namespace().await?;
     let pods: Api<Pod> = Api::namespaced(s.client.clone(), &app.name);
     let name = s.policy("proxy");
@@ -222,6 +223,31 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
         proxy_of(&stored)
     );
     ensure!(origins(&rendered, &name) == origins(&stored, &name));
+
+    // Checked at apply: a rule that does not compile is refused, naming the field (the API
+    // server loads the validating configuration asynchronously, hence the wait).
+    let mut bad = overrides_spec(&s.instance)?;
+    bad["overrides"][0]["rule"] = json!("quantity(self) <");
+    let refused = s.policy("bad");
+    wait_until(
+        Duration::from_secs(60),
+        "a bad rule to be refused at apply",
+        || {
+            let (client, instance, refused, bad) = (
+                s.client.clone(),
+                s.instance.clone(),
+                refused.clone(),
+                bad.clone(),
+            );
+            async move {
+                Ok(try_apply_policy(&client, &instance, &refused, &bad, true)
+                    .await
+                    .err()
+                    .is_some_and(|m| m.contains("spec.overrides[0].rule")))
+            }
+        },
+    )
+    .await?;
     Ok(())
 }
 
@@ -256,6 +282,7 @@ async fn levels(ns: &TestNamespace) -> Result<Vec<String>> {
 async fn a_namespace_value_change_outdates_the_pods_that_took_it_and_the_rollout_restarts_them()
 -> Result<()> {
     let s = Setup::start("overrides-rollout").await?;
+    let _validating = ValidatingCleanup(s.splice_ns.name.clone());
     real_node(&s.client).await?;
     let ns = TestNamespace::create("e2e-overrides", &[(&s.instance, "on")]).await?;
     annotate(&s.client, &ns.name, json!({LEVEL: "debug"})).await?;

@@ -571,3 +571,29 @@ async fn a_pod_whose_override_fails_its_rule_is_denied_even_under_ignore_naming_
         "250m"
     );
 }
+
+#[tokio::test]
+async fn an_override_annotation_that_is_not_utf8_gets_a_4xx_naming_the_problem() {
+    let guarded = policy_yaml(
+        "cpu",
+        "Ignore",
+        "  overrides:\n    - {name: cpu, annotation: mesh.example/cpu, type: quantity, default: 100m}\n  \
+         template:\n    containers: [{name: proxy, image: proxy:1}]",
+    );
+    let server = Running::start_with(config(), store_with(&[&guarded]), None).await;
+    let pod = r#"{"kind":"Pod","metadata":{"name":"x","annotations":{"mesh.example/cpu":"NOTUTF8"}},"spec":{"containers":[{"name":"app","image":"app:1"}]}}"#;
+    let mut body = pod_review("u-bytes", "shop", false, pod).into_bytes();
+    let at = body
+        .windows(7)
+        .position(|w| w == b"NOTUTF8")
+        .expect("the marker");
+    body.splice(at..at + 7, [0xff, 0xfe, b'1']);
+    let reply = exchange(&server, &post("/inject/cpu", "application/json", &body)).await;
+    assert!(
+        (400..500).contains(&reply.status),
+        "{} {}",
+        reply.status,
+        reply.text()
+    );
+    assert!(reply.text().contains("UTF-8"), "{}", reply.text());
+}
