@@ -285,7 +285,7 @@ pub fn overrides_accepted(
         if !selects_namespace(policy, context, exclusions) {
             continue;
         }
-        if let Ok(r) = overrides.resolve(|_| None::<&str>, name, &context.annotations) {
+        if let Some(r) = overrides.from_namespace(name, &context.annotations) {
             refusals.extend(r.namespace_refusals);
         }
     }

@@ -18,6 +18,7 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
 use splice_crds::{InjectionPolicy, STATUS_ANNOTATION, condition};
 use splice_engine::explain::{selects_namespace, selects_pod};
+use splice_engine::overrides::Resolved;
 use splice_engine::{CompiledPolicy, Exclusions, NamespaceContext, OverrideRecord};
 use splice_server::store::PolicyStore;
 use tokio::sync::watch;
@@ -116,6 +117,8 @@ pub fn classify<'a>(
         .contains(&splice_crds::Operation::Create);
     let missable_after = in_force_since;
     let mut namespace_selected: HashMap<&'a str, bool> = HashMap::new();
+    // What a pod taking nothing from its own annotations gets, per namespace: resolved once.
+    let mut from_namespace: HashMap<&'a str, Option<Resolved>> = HashMap::new();
     pods.into_iter().filter_map(move |pod| {
         let ns_ok = *namespace_selected.entry(&pod.namespace).or_insert_with(|| {
             let fallback;
@@ -136,8 +139,16 @@ pub fn classify<'a>(
             return None;
         }
         let state = match pod.recorded_hash(policy.name()) {
-            Some(h) if h == current && !overrides_drifted(policy, namespaces, pod) => {
-                PodState::Current
+            Some(h) if h == current => {
+                let now = from_namespace
+                    .entry(&pod.namespace)
+                    .or_insert_with(|| from_namespace_of(policy, namespaces, &pod.namespace));
+                let recorded = pod.recorded_overrides(policy.name());
+                if now.as_ref().is_some_and(|n| n.drifted(recorded).is_some()) {
+                    PodState::Outdated
+                } else {
+                    PodState::Current
+                }
             }
             Some(_) => PodState::Outdated,
             None => {
@@ -155,28 +166,16 @@ pub fn classify<'a>(
     })
 }
 
-/// Whether a value the pod took from its namespace (or the default) under `policy`'s overrides
-/// is no longer what the namespace gives ([`splice_engine::overrides::Overrides::drifted`]).
-fn overrides_drifted(
+/// What `policy`'s overrides give a pod of `namespace` from the namespace alone
+/// ([`splice_engine::overrides::Resolved::drifted`] then compares a pod's record with it).
+fn from_namespace_of(
     policy: &CompiledPolicy,
     namespaces: &HashMap<String, NamespaceContext>,
-    pod: &PodRecord,
-) -> bool {
-    let overrides = policy.overrides();
-    if overrides.is_empty() {
-        return false;
-    }
+    namespace: &str,
+) -> Option<Resolved> {
     let empty = BTreeMap::new();
-    let annotations = namespaces
-        .get(&*pod.namespace)
-        .map_or(&empty, |c| &c.annotations);
-    overrides
-        .drifted(
-            pod.recorded_overrides(policy.name()),
-            &pod.namespace,
-            annotations,
-        )
-        .is_some()
+    let annotations = namespaces.get(namespace).map_or(&empty, |c| &c.annotations);
+    policy.overrides().from_namespace(namespace, annotations)
 }
 
 /// When the policy's Ready condition last turned True, if it is True: Ready turns True only once

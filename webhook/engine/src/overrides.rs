@@ -57,8 +57,7 @@ impl Chosen {
 
 /// 16 hex digits of the SHA-256 of `value`, as `splice.dev/status` records an override's value.
 pub fn digest(value: &str) -> String {
-    let sum = Sha256::digest(value.as_bytes());
-    sum.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    crate::values_from::hex(&Sha256::digest(value.as_bytes())[..8])
 }
 
 /// What a pod gets: every declared override's value, and the namespace annotations that were
@@ -70,6 +69,20 @@ pub struct Resolved {
 }
 
 impl Resolved {
+    /// On a resolution from the namespace alone ([`Overrides::from_namespace`]): the first
+    /// override whose value a pod recorded (`splice.dev/status`) is no longer this one. A value
+    /// the pod set itself stays the pod's.
+    pub fn drifted(&self, recorded: Option<&BTreeMap<String, OverrideRecord>>) -> Option<&str> {
+        self.values.iter().find_map(|now| {
+            let outdated = match recorded.and_then(|r| r.get(&now.name)) {
+                Some(r) if r.from == Origin::Pod.as_str() => false,
+                Some(r) => r.from != now.origin.as_str() || r.sha256 != now.digest(),
+                None => true,
+            };
+            outdated.then_some(now.name.as_str())
+        })
+    }
+
     /// The template context: `overrides.<name>` as the typed value.
     pub(crate) fn context(&self, declared: &Overrides) -> JValue {
         let map: BTreeMap<&str, JValue> = self
@@ -238,17 +251,24 @@ impl Overrides {
         namespace_name: &str,
         namespace: &BTreeMap<String, String>,
     ) -> Option<&'s str> {
-        let Ok(now) = self.resolve(|_| None::<&str>, namespace_name, namespace) else {
+        let now = self.from_namespace(namespace_name, namespace)?;
+        let name = now.drifted(recorded)?;
+        self.names().find(|n| *n == name)
+    }
+
+    /// What a pod that sets none of the annotations gets in this namespace: the values its pods
+    /// take from it or the defaults. Callers judging many pods resolve it once per namespace.
+    /// `None` without overrides.
+    pub fn from_namespace(
+        &self,
+        namespace_name: &str,
+        namespace: &BTreeMap<String, String>,
+    ) -> Option<Resolved> {
+        if self.items.is_empty() {
             return None;
-        };
-        self.items.iter().zip(&now.values).find_map(|(d, chosen)| {
-            let outdated = match recorded.and_then(|r| r.get(&d.name)) {
-                Some(r) if r.from == Origin::Pod.as_str() => false,
-                Some(r) => r.from != chosen.origin.as_str() || r.sha256 != chosen.digest(),
-                None => true,
-            };
-            outdated.then_some(d.name.as_str())
-        })
+        }
+        self.resolve(|_| None::<&str>, namespace_name, namespace)
+            .ok()
     }
 
     /// What the values a pod in this namespace takes from it (or the defaults) come to: 8 hex
@@ -259,12 +279,7 @@ impl Overrides {
         namespace_name: &str,
         namespace: &BTreeMap<String, String>,
     ) -> Option<String> {
-        if self.items.is_empty() {
-            return None;
-        }
-        let now = self
-            .resolve(|_| None::<&str>, namespace_name, namespace)
-            .ok()?;
+        let now = self.from_namespace(namespace_name, namespace)?;
         let joined: String = now
             .values
             .iter()
