@@ -375,6 +375,30 @@ impl Drop for ValidatingCleanup {
     }
 }
 
+/// `splice explain POD -n NAMESPACE` against the cluster, for the Splice in `splice_namespace`:
+/// its output (stdout, then stderr).
+pub fn explain_online(
+    pod: &str,
+    namespace: &str,
+    splice_namespace: &str,
+) -> Result<(String, String)> {
+    let out = std::process::Command::new(splice_bin()?)
+        .args([
+            "explain",
+            pod,
+            "-n",
+            namespace,
+            "--splice-namespace",
+            splice_namespace,
+        ])
+        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
+        .output()?;
+    Ok((
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
 /// The value of the exposition line for `series` (name and labels as written) in `text`.
 pub fn metric_value(text: &str, series: &str) -> Option<String> {
     text.lines()

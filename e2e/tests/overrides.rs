@@ -172,18 +172,7 @@ async fn a_value_comes_from_the_pod_then_the_namespace_then_the_default_and_a_ba
     let stored = pods
         .create(&PostParams::default(), &web(Some("250m")))
         .await?;
-    let explained = std::process::Command::new(splice_bin()?)
-        .args([
-            "explain",
-            "web",
-            "-n",
-            &app.name,
-            "--splice-namespace",
-            &s.splice_ns.name,
-        ])
-        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
-        .output()?;
-    let text = String::from_utf8_lossy(&explained.stdout);
+    let (text, _) = explain_online("web", &app.name, &s.splice_ns.name)?;
     for line in [
         format!("proxyCPU = \"250m\" (from the pod's annotation {CPU})"),
         format!(

@@ -239,22 +239,11 @@ async fn cluster_data_reaches_both_replicas_is_versioned_in_pods_and_a_secret_is
     )
     .await?;
     let source = format!("ConfigMap {}/mesh-config", s.splice_ns.name);
-    let explained = std::process::Command::new(splice_bin()?)
-        .args([
-            "explain",
-            "web-1",
-            "-n",
-            &app.name,
-            "--splice-namespace",
-            &s.splice_ns.name,
-        ])
-        .env("KUBECONFIG", splice_e2e::kubeconfig_path())
-        .output()?;
-    let text = String::from_utf8_lossy(&explained.stdout);
+    let (text, stderr) = explain_online("web-1", &app.name, &s.splice_ns.name)?;
     assert!(
         text.contains("outdated") && text.contains(&source),
         "splice explain should name {source}: {text}{}",
-        String::from_utf8_lossy(&explained.stderr)
+        stderr
     );
 
     // (b) The source deleted: Ready=False naming it; the last good data keeps being injected.
