@@ -18,7 +18,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use operator::*;
 use serde_json::{Value, json};
 use splice_crds::InjectionPolicy;
-use splice_e2e::wait_until;
+use splice_e2e::{TestNamespace, wait_until};
 
 /// Policy `i` of a group: a container, an env var and a label of its own, and for even `i` an
 /// init container.
@@ -441,5 +441,139 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
         target.ends_with(&format!("/inject/{}", survivors.join(","))),
         "{target}"
     );
+    Ok(())
+}
+
+/// The containers a dry-run create of a fresh pod gets in namespace `ns`, after `app`.
+async fn injected(client: &Client, ns: &str, k: usize) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let created = pods
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &pod(&format!("cell-{k:03}"), &[]),
+        )
+        .await?;
+    Ok(container_names(&created).into_iter().skip(1).collect())
+}
+
+/// Every call the API server made to the webhooks of configuration `entry`.
+async fn calls_to(client: &Client, entry: &str) -> Result<u64> {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let mut total = 0;
+    for hook in api.get(entry).await?.webhooks.unwrap_or_default() {
+        total += calls(client, &hook.name).await?;
+    }
+    Ok(total)
+}
+
+/// Sets (or with null removes) one label of namespace `ns`.
+async fn relabel(
+    api: &Api<k8s_openapi::api::core::v1::Namespace>,
+    ns: &str,
+    key: &str,
+    value: Value,
+) -> Result<()> {
+    let patch = json!({"metadata": {"labels": {key: value}}});
+    api.patch(
+        ns,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn policies_with_different_namespace_selectors_cost_one_call_judged_by_the_api_server()
+-> Result<()> {
+    let s = Setup::start_with("cells", &["--probe-interval", "0"]).await?;
+    let key = |k: &str| format!("{}-{k}", s.instance);
+    let names: Vec<String> = ["a", "b", "c"].iter().map(|k| s.policy(k)).collect();
+    for (name, k) in names.iter().zip(["a", "b", "c"]) {
+        s.apply(
+            name,
+            json!({
+                "namespaceSelector": {"matchLabels": {key(k): "on"}},
+                "failurePolicy": "Ignore",
+                "timeoutSeconds": 10,
+                "template": {"containers": [{"name": format!("side-{k}"), "image": "registry.invalid/x:1"}]},
+            }),
+        )
+        .await?;
+    }
+    let entry = wait_shared(&s.client, &names).await?;
+    wait_sole(&s, &entry).await?;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(s.client.clone());
+    let hooks = api.get(&entry).await?.webhooks.unwrap_or_default();
+    ensure!(
+        hooks.len() == 7,
+        "one webhook per set of selectors: {hooks:?}"
+    );
+
+    // Every combination of the three labels: the pod gets exactly the policies whose selectors
+    // hold, in name order, for one call (none where no selector holds).
+    let sets: [&[&str]; 5] = [&["a"], &["a", "b"], &["b", "c"], &["a", "b", "c"], &[]];
+    let mut k = 0;
+    for set in sets {
+        let labels: Vec<(String, &str)> = set.iter().map(|l| (key(l), "on")).collect();
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let ns = TestNamespace::create("e2e-cells", &labels).await?;
+        let expected: Vec<String> = set.iter().map(|l| format!("side-{l}")).collect();
+        // The first pod right after the namespace exists: the API server judges the selectors
+        // from its own view (reading the namespace itself if its cache lacks it).
+        let before = calls_to(&s.client, &entry).await?;
+        let n = 20;
+        for _ in 0..n {
+            k += 1;
+            let got = injected(&s.client, &ns.name, k).await?;
+            ensure!(
+                got == expected,
+                "namespace labelled {set:?}: pod got {got:?}"
+            );
+        }
+        let made = calls_to(&s.client, &entry).await? - before;
+        let want = if set.is_empty() { 0 } else { n as u64 };
+        ensure!(made == want, "{set:?}: {made} calls for {n} creates");
+    }
+
+    // Opting a namespace in to one more selector: every pod created while the API server's view
+    // catches up gets the old set or the new one, never neither, and soon the new one.
+    let ns = TestNamespace::create("e2e-cells", &[(key("a").as_str(), "on")]).await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(s.client.clone());
+    let old = vec!["side-a".to_owned()];
+    let new = vec!["side-a".to_owned(), "side-b".to_owned()];
+    for round in 0..5 {
+        relabel(&namespaces, &ns.name, &key("b"), json!("on")).await?;
+        let mut seen_new = false;
+        for _ in 0..40 {
+            k += 1;
+            let got = injected(&s.client, &ns.name, k).await?;
+            ensure!(
+                got == old || got == new,
+                "round {round}: while opting in, a pod got {got:?}"
+            );
+            seen_new |= got == new;
+            if seen_new {
+                break;
+            }
+        }
+        ensure!(seen_new, "round {round}: the new label never took effect");
+        relabel(&namespaces, &ns.name, &key("b"), Value::Null).await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            k += 1;
+            if injected(&s.client, &ns.name, k).await? == old {
+                break;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: the label never went"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     Ok(())
 }

@@ -154,7 +154,8 @@ pub(crate) struct RevisionReport {
 pub(crate) struct EntryReport {
     /// The MutatingWebhookConfiguration's name.
     pub configuration: String,
-    /// The policies the entry applies, in order (name order); this one alone when not shared.
+    /// The policies the entry applies in this namespace, in order (name order); this one alone
+    /// when not shared.
     pub order: Vec<String>,
 }
 
@@ -577,6 +578,18 @@ pub(crate) fn explain(inputs: &Inputs) -> Result<Report, String> {
             }
         };
         policies.push(report);
+    }
+    // A partitioned entry calls, for this namespace, only the policies whose namespace selectors
+    // hold here (an entry of one selector calls all of them or none).
+    let elsewhere: Vec<String> = policies
+        .iter()
+        .filter(|p| matches!(p.verdict, Some(Verdict::NamespaceSelector { .. })))
+        .map(|p| p.name.clone())
+        .collect();
+    for p in &mut policies {
+        if let Some(e) = &mut p.webhook_entry {
+            e.order.retain(|n| !elsewhere.contains(n));
+        }
     }
     // A pod outside an open canary that carries the promoted revision is pinned, not outdated:
     // recreating it gives it that revision again.
@@ -1786,6 +1799,39 @@ mod tests {
         });
         let err = explain(&inputs("shop", pod, vec![])).unwrap_err();
         assert!(err.contains("splice.dev/status"), "{err}");
+    }
+
+    #[test]
+    fn a_partitioned_entry_shows_the_order_of_the_policies_its_call_applies_in_this_namespace() {
+        let selecting = |ns: &str, c: &str| {
+            format!(
+                "namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}\n\
+                 template:\n  containers: [{{name: {c}, image: i}}]\n"
+            )
+        };
+        let pod = serde_json::json!({"metadata": {"name": "web"}, "spec": {"containers": []}});
+        let report = explain(&inputs(
+            "shop",
+            pod,
+            vec![
+                input("a-mesh", &selecting("shop", "a"), false),
+                input("b-other", &selecting("bank", "b"), false),
+                input("c-logs", &selecting("shop", "c"), false),
+            ],
+        ))
+        .unwrap();
+        let entries: Vec<_> = report
+            .policies
+            .iter()
+            .map(|p| p.webhook_entry.clone().expect("every policy is served"))
+            .collect();
+        // One configuration for the three, whose call in `shop` applies the two selecting it.
+        assert!(
+            entries
+                .iter()
+                .all(|e| e.configuration == entries[0].configuration)
+        );
+        assert_eq!(entries[0].order, ["a-mesh", "c-logs"]);
     }
 
     #[test]

@@ -7,9 +7,13 @@
 //! that the API server would call under the same terms are served by one entry and one call; the
 //! webhook applies them in name order. The terms: the failure policy in force and the one asked
 //! for, the operations, the reinvocation policy, the timeout, and the namespace selector.
-//! Namespace selectors must be equal because only the API server decides them with certainty: the
-//! webhook's namespace cache can lag it (a namespace labelled a moment ago). Object selectors may differ: the webhook decides
-//! each one from the pod's own labels, which are in the request. UPDATE is the exception (the API
+//! Only the API server decides namespace selectors with certainty: the webhook's namespace cache
+//! can lag it (a namespace labelled a moment ago), and a webhook's `matchConditions` get no
+//! namespace object. So policies whose namespace selectors differ share one configuration whose
+//! webhooks *partition* the namespaces ([`Group::cells`]): each webhook selects exactly the
+//! namespaces where a given set of the members' selectors holds and the others do not, so the API
+//! server calls at most one of them and judges every member's selector itself. Object selectors
+//! may differ: the webhook decides each one from the pod's own labels, which are in the request. UPDATE is the exception (the API
 //! server also matches the old object, which the webhook does not read), so policies that take
 //! UPDATE only share with policies of the same object selector.
 //!
@@ -37,6 +41,14 @@ pub const MAX_MEMBERS: usize = 32;
 
 /// What every entry's path starts with.
 const PATH_PREFIX: &str = "/inject/";
+
+/// The most webhooks one partitioned configuration holds: a family of policies whose namespace
+/// selectors need more keeps one entry per selector. Every webhook costs the API server a
+/// namespace-selector check per pod create, a call costs it a round trip.
+pub const MAX_CELLS: usize = 16;
+
+/// The most distinct namespace selectors one partition combines (every subset is a candidate cell).
+const MAX_SELECTORS: usize = 5;
 
 /// Prefix of a shared configuration's name. A policy's own configuration is `splice-<policy>` and
 /// a policy name cannot start with `-`, so the two never collide.
@@ -88,7 +100,19 @@ impl Terms {
             alone: m.canary.is_some().then(|| m.name.clone()),
         }
     }
+
+    /// The terms without the namespace selector: policies that differ only there may share a
+    /// partitioned configuration.
+    fn family(&self) -> Terms {
+        Terms {
+            namespace_selector: PARTITIONED.to_owned(),
+            ..self.clone()
+        }
+    }
 }
+
+/// The namespace selector a family's terms carry: no canonical selector text looks like it.
+const PARTITIONED: &str = "*";
 
 /// A selector as text, with an empty `matchLabels` and an absent one written alike.
 fn canonical(selector: Option<&LabelSelector>) -> String {
@@ -111,6 +135,20 @@ pub struct Group {
     pub webhook: String,
     /// Sorted by name: the order the webhook applies them in.
     pub members: Vec<Member>,
+    /// Empty when every member has the same namespace selector. Otherwise the webhooks that
+    /// partition the namespaces between the members' selectors, one call per pod at most.
+    pub cells: Vec<Cell>,
+}
+
+/// One webhook of a partitioned group: the namespaces where exactly its members' namespace
+/// selectors hold.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cell {
+    /// What the API server checks: every requirement of its members' selectors, and for each
+    /// other selector of the group one negated requirement (see [`partition`]).
+    pub namespace: Vec<LabelSelectorRequirement>,
+    /// Indexes into the group's members, in name order.
+    pub members: Vec<usize>,
 }
 
 impl Group {
@@ -131,6 +169,15 @@ impl Group {
         if same { first } else { None }
     }
 
+    /// The namespace selector the entry carries: the members' common one, or none when the
+    /// group is partitioned (each cell then carries all its requirements).
+    pub fn namespace_selector(&self) -> Option<&LabelSelector> {
+        if !self.cells.is_empty() {
+            return None;
+        }
+        self.members.first()?.spec.namespace_selector.as_ref()
+    }
+
     pub fn names(&self) -> Vec<&str> {
         self.members.iter().map(|m| m.name.as_str()).collect()
     }
@@ -138,6 +185,19 @@ impl Group {
     /// The entries the API server calls for this group: one, or while its policy's canary is
     /// open, the canary's and one per requirement for the pods outside it.
     pub fn entries(&self) -> Vec<Entry> {
+        if !self.cells.is_empty() {
+            return self
+                .cells
+                .iter()
+                .enumerate()
+                .map(|(i, cell)| Entry {
+                    webhook: format!("cell-{i}.{}", self.webhook),
+                    path: entry_path(cell.members.iter().map(|&m| self.members[m].name.as_str())),
+                    namespace: cell.namespace.clone(),
+                    object: Vec::new(),
+                })
+                .collect();
+        }
         let only = match &self.members[..] {
             [only] => only,
             _ => return vec![Entry::whole(self)],
@@ -342,37 +402,25 @@ impl Plan {
     /// Groups `members`. `instance` tells this Splice's entries from another's in the same cluster
     /// (its namespace and policy selector), so two instances never write one shared entry.
     pub fn new(members: impl IntoIterator<Item = Member>, instance: &str) -> Plan {
-        let mut by_terms: BTreeMap<Terms, Vec<Member>> = BTreeMap::new();
+        let mut families: BTreeMap<Terms, BTreeMap<Terms, Vec<Member>>> = BTreeMap::new();
         for m in members {
-            by_terms.entry(Terms::of(&m)).or_default().push(m);
+            let terms = Terms::of(&m);
+            families
+                .entry(terms.family())
+                .or_default()
+                .entry(terms)
+                .or_default()
+                .push(m);
         }
         let mut groups = Vec::new();
-        for (terms, mut members) in by_terms {
-            members.sort_by(|a, b| a.name.cmp(&b.name));
-            let id = terms_id(instance, &terms);
-            let chunks = members.len().div_ceil(MAX_MEMBERS);
-            let mut rest = members.into_iter();
-            for chunk in 0..chunks {
-                let members: Vec<Member> = rest.by_ref().take(MAX_MEMBERS).collect();
-                groups.push(match &members[..] {
-                    [only] => Group {
-                        configuration: webhook_configuration_name(&only.name),
-                        webhook: webhook_name(&only.name),
-                        members,
-                    },
-                    _ => {
-                        let suffix = if chunk == 0 {
-                            id.clone()
-                        } else {
-                            format!("{id}-{chunk}")
-                        };
-                        Group {
-                            configuration: format!("{SHARED_PREFIX}{suffix}"),
-                            webhook: format!("group-{suffix}.splice.dev"),
-                            members,
-                        }
+        for (family, by_terms) in families {
+            match partitioned(&family, &by_terms, instance) {
+                Some(group) => groups.push(group),
+                None => {
+                    for (terms, members) in by_terms {
+                        groups.extend(chunked(&terms, members, instance));
                     }
-                });
+                }
             }
         }
         Plan { groups }
@@ -393,6 +441,148 @@ impl Plan {
     pub fn groups(&self) -> &[Group] {
         &self.groups
     }
+}
+
+/// Policies under equal terms, in entries of at most [`MAX_MEMBERS`].
+fn chunked(terms: &Terms, mut members: Vec<Member>, instance: &str) -> Vec<Group> {
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+    let id = terms_id(instance, terms);
+    let chunks = members.len().div_ceil(MAX_MEMBERS);
+    let mut rest = members.into_iter();
+    let mut groups = Vec::with_capacity(chunks);
+    for chunk in 0..chunks {
+        let members: Vec<Member> = rest.by_ref().take(MAX_MEMBERS).collect();
+        groups.push(match &members[..] {
+            [only] => Group {
+                configuration: webhook_configuration_name(&only.name),
+                webhook: webhook_name(&only.name),
+                members,
+                cells: Vec::new(),
+            },
+            _ => {
+                let suffix = if chunk == 0 {
+                    id.clone()
+                } else {
+                    format!("{id}-{chunk}")
+                };
+                shared(&suffix, members, Vec::new())
+            }
+        });
+    }
+    groups
+}
+
+fn shared(suffix: &str, members: Vec<Member>, cells: Vec<Cell>) -> Group {
+    Group {
+        configuration: format!("{SHARED_PREFIX}{suffix}"),
+        webhook: format!("group-{suffix}.splice.dev"),
+        members,
+        cells,
+    }
+}
+
+/// One partitioned group for a family whose members differ only in their namespace selectors,
+/// when it fits: two selectors or more, [`MAX_MEMBERS`] members, [`MAX_CELLS`] cells.
+fn partitioned(
+    family: &Terms,
+    by_terms: &BTreeMap<Terms, Vec<Member>>,
+    instance: &str,
+) -> Option<Group> {
+    let count: usize = by_terms.values().map(Vec::len).sum();
+    if by_terms.len() < 2 || count > MAX_MEMBERS {
+        return None;
+    }
+    let selectors: Vec<Vec<LabelSelectorRequirement>> = by_terms
+        .values()
+        .map(|ms| requirements(ms.first().and_then(|m| m.spec.namespace_selector.as_ref())))
+        .collect();
+    let parts = partition(&selectors)?;
+    let mut members: Vec<(usize, Member)> = by_terms
+        .values()
+        .enumerate()
+        .flat_map(|(s, ms)| ms.iter().map(move |m| (s, m.clone())))
+        .collect();
+    members.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+    let cells = parts
+        .into_iter()
+        .map(|(held, namespace)| Cell {
+            namespace,
+            members: members
+                .iter()
+                .enumerate()
+                .filter(|(_, (s, _))| held.contains(s))
+                .map(|(i, _)| i)
+                .collect(),
+        })
+        .collect();
+    let members = members.into_iter().map(|(_, m)| m).collect();
+    Some(shared(&terms_id(instance, family), members, cells))
+}
+
+/// The namespaces, split by which of `selectors` hold there: for every non-empty set of
+/// selectors that can hold together, the requirements under which exactly those hold (theirs,
+/// and for each other selector r1..r(i-1) and not ri, one disjoint piece per i, as in
+/// [`canary_split`]). Cells are disjoint, so a namespace matches one at most, and one exactly
+/// when any selector holds. Unsatisfiable cells are dropped. Cells holding fewer selectors come
+/// first: a namespace that opts in to more selectors moves to a later cell, so a relabel that
+/// lands while the API server walks the cells makes it call the old cell, the new one or both
+/// (the same policies twice, which injection tolerates), never neither. A relabel that trades one
+/// selector for another can match neither in that window (see docs/design.md). `None` past
+/// [`MAX_SELECTORS`] or [`MAX_CELLS`].
+pub fn partition(
+    selectors: &[Vec<LabelSelectorRequirement>],
+) -> Option<Vec<(Vec<usize>, Vec<LabelSelectorRequirement>)>> {
+    let k = selectors.len();
+    if k > MAX_SELECTORS {
+        return None;
+    }
+    let mut cells = Vec::new();
+    for mask in 1u32..(1 << k) {
+        let held: Vec<usize> = (0..k).filter(|i| mask & (1 << i) != 0).collect();
+        let mut pieces: Vec<Vec<LabelSelectorRequirement>> =
+            vec![held.iter().flat_map(|&i| selectors[i].clone()).collect()];
+        for other in (0..k).filter(|j| mask & (1 << j) == 0) {
+            let mut next = Vec::new();
+            for piece in &pieces {
+                for (i, r) in selectors[other].iter().enumerate() {
+                    let mut narrower: Vec<LabelSelectorRequirement> = piece.clone();
+                    narrower.extend(selectors[other][..i].iter().cloned());
+                    narrower.push(negate(r));
+                    if satisfiable(&narrower) {
+                        next.push(narrower);
+                    }
+                }
+            }
+            if next.len() > MAX_CELLS {
+                return None;
+            }
+            pieces = next;
+        }
+        for mut piece in pieces.into_iter().filter(|p| satisfiable(p)) {
+            let mut seen = Vec::with_capacity(piece.len());
+            piece.retain(|r| {
+                let new = !seen.contains(r);
+                if new {
+                    seen.push(r.clone());
+                }
+                new
+            });
+            cells.push((held.clone(), piece));
+        }
+        if cells.len() > MAX_CELLS {
+            return None;
+        }
+    }
+    cells.sort_by_key(|(held, _)| held.len());
+    Some(cells)
+}
+
+fn satisfiable(requirements: &[LabelSelectorRequirement]) -> bool {
+    crate::selector::Selector::read(Some(&LabelSelector {
+        match_labels: None,
+        match_expressions: Some(requirements.to_vec()),
+    }))
+    .satisfiable()
 }
 
 /// Name of the MutatingWebhookConfiguration that serves `policy`.
@@ -721,7 +911,6 @@ mod tests {
                 member("d", |s| {
                     s.operations = vec![Operation::Create, Operation::Update]
                 }),
-                member("e", |s| s.namespace_selector = labels("team", "other")),
                 Member {
                     failure_policy: FailurePolicy::Fail,
                     ..member("f", |s| s.failure_policy = FailurePolicy::Fail)
@@ -731,7 +920,7 @@ mod tests {
             ],
             "splice-system",
         );
-        assert_eq!(plan.groups().len(), 7);
+        assert_eq!(plan.groups().len(), 6);
         assert!(plan.groups().iter().all(|g| !g.is_shared()));
     }
 
@@ -905,5 +1094,194 @@ mod tests {
         );
         let parsed = EntryPath::parse(&entries[0].path).expect("an entry path");
         assert_eq!(parsed.names().collect::<Vec<_>>(), ["mesh@canary"]);
+    }
+
+    fn on(key: &str) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![expression(key, "Exists", &[])]),
+        })
+    }
+
+    #[test]
+    fn policies_with_different_namespace_selectors_share_one_configuration_of_disjoint_cells() {
+        let plan = Plan::new(
+            [
+                member("mesh", |s| s.namespace_selector = on("mesh")),
+                member("logs", |s| s.namespace_selector = on("logs")),
+                member("audit", |s| s.namespace_selector = on("logs")),
+                member("trace", |s| s.namespace_selector = labels("team", "shop")),
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.groups().len(), 1);
+        let g = &plan.groups()[0];
+        assert_eq!(g.names(), ["audit", "logs", "mesh", "trace"]);
+        assert_eq!(g.namespace_selector(), None);
+        let entries = g.entries();
+        // Three selectors: seven sets of them can hold, each one cell, those holding one first.
+        assert_eq!(entries.len(), 7);
+        assert_eq!(
+            entries.last().map(|e| e.path.as_str()),
+            Some("/inject/audit,logs,mesh,trace")
+        );
+        let only_mesh = entries
+            .iter()
+            .find(|e| e.path == "/inject/mesh")
+            .expect("a cell for mesh alone");
+        assert_eq!(
+            only_mesh.namespace,
+            [
+                expression("mesh", "Exists", &[]),
+                expression("logs", "DoesNotExist", &[]),
+                expression("team", "NotIn", &["shop"]),
+            ]
+        );
+        let names: std::collections::BTreeSet<&str> =
+            entries.iter().map(|e| e.webhook.as_str()).collect();
+        assert_eq!(names.len(), entries.len(), "webhook names are unique");
+    }
+
+    #[test]
+    fn cells_that_no_namespace_can_match_are_left_out() {
+        // team=a and team=b never hold together.
+        let plan = Plan::new(
+            [
+                member("a", |s| s.namespace_selector = labels("team", "a")),
+                member("b", |s| s.namespace_selector = labels("team", "b")),
+            ],
+            "splice-system",
+        );
+        let paths: Vec<String> = plan.groups()[0]
+            .entries()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+        assert_eq!(paths, ["/inject/a", "/inject/b"]);
+    }
+
+    #[test]
+    fn a_family_needing_too_many_cells_keeps_one_entry_per_selector() {
+        let wide = |key: &str| {
+            Some(LabelSelector {
+                match_labels: None,
+                match_expressions: Some(
+                    (0..4)
+                        .map(|i| expression(&format!("{key}{i}"), "Exists", &[]))
+                        .collect(),
+                ),
+            })
+        };
+        let plan = Plan::new(
+            [
+                member("a", |s| s.namespace_selector = wide("a")),
+                member("b", |s| s.namespace_selector = wide("b")),
+                member("c", |s| s.namespace_selector = wide("c")),
+            ],
+            "splice-system",
+        );
+        assert_eq!(plan.groups().len(), 3);
+        assert!(plan.groups().iter().all(|g| g.cells.is_empty()));
+    }
+
+    #[test]
+    fn a_partitioned_configuration_keeps_its_name_as_selectors_join() {
+        let two = Plan::new(
+            [
+                member("a", |s| s.namespace_selector = on("x")),
+                member("b", |s| s.namespace_selector = on("y")),
+            ],
+            "splice-system",
+        );
+        let three = Plan::new(
+            [
+                member("a", |s| s.namespace_selector = on("x")),
+                member("b", |s| s.namespace_selector = on("y")),
+                member("c", |s| s.namespace_selector = on("z")),
+            ],
+            "splice-system",
+        );
+        assert_eq!(
+            two.groups()[0].configuration,
+            three.groups()[0].configuration
+        );
+    }
+
+    fn requirement_strategy() -> impl proptest::strategy::Strategy<Value = LabelSelectorRequirement>
+    {
+        use proptest::prelude::*;
+        (
+            "[abc]",
+            prop_oneof![
+                Just("In"),
+                Just("NotIn"),
+                Just("Exists"),
+                Just("DoesNotExist")
+            ],
+            proptest::collection::btree_set("[xyz]", 1..3),
+        )
+            .prop_map(|(key, op, values)| LabelSelectorRequirement {
+                key,
+                operator: op.to_owned(),
+                values: matches!(op, "In" | "NotIn").then(|| values.into_iter().collect()),
+            })
+    }
+
+    proptest::proptest! {
+        /// For any namespace labels, the API server calls at most one cell, one exactly when any
+        /// selector holds, and that cell's members are exactly the policies whose selectors hold.
+        #[test]
+        fn a_partition_sends_every_namespace_to_the_one_cell_of_exactly_the_selectors_that_hold(
+            selectors in proptest::collection::vec(
+                proptest::collection::vec(requirement_strategy(), 0..3), 2..5),
+            ns in proptest::collection::btree_map("[abc]", "[xyz]", 0..4),
+        ) {
+            let Some(cells) = partition(&selectors) else {
+                return Ok(());
+            };
+            let get = |k: &str| ns.get(k).map(String::as_str);
+            let holding: Vec<usize> = (0..selectors.len())
+                .filter(|&i| selector_of(&selectors[i]).matches(get))
+                .collect();
+            let matching: Vec<&(Vec<usize>, Vec<LabelSelectorRequirement>)> = cells
+                .iter()
+                .filter(|(_, reqs)| selector_of(reqs).matches(get))
+                .collect();
+            if holding.is_empty() {
+                proptest::prop_assert!(matching.is_empty());
+            } else {
+                proptest::prop_assert_eq!(matching.len(), 1);
+                proptest::prop_assert_eq!(&matching[0].0, &holding);
+            }
+            // Opting in to more selectors never moves a namespace to an earlier cell.
+            for pair in cells.windows(2) {
+                proptest::prop_assert!(pair[0].0.len() <= pair[1].0.len());
+            }
+        }
+
+        /// `satisfiable` agrees with a search over every labelling of the keys involved, by the
+        /// values mentioned and one that is not.
+        #[test]
+        fn a_selector_is_satisfiable_exactly_when_some_labels_match_it(
+            reqs in proptest::collection::vec(requirement_strategy(), 0..5),
+        ) {
+            let selector = selector_of(&reqs);
+            let choices = ["", "x", "y", "z", "fresh"];
+            let mut found = false;
+            for code in 0..choices.len().pow(3) {
+                let mut labels = BTreeMap::new();
+                for (i, key) in ["a", "b", "c"].iter().enumerate() {
+                    let c = choices[(code / choices.len().pow(i as u32)) % choices.len()];
+                    if !c.is_empty() {
+                        labels.insert(*key, c);
+                    }
+                }
+                if selector.matches(|k| labels.get(k).copied()) {
+                    found = true;
+                    break;
+                }
+            }
+            proptest::prop_assert_eq!(selector.satisfiable(), found);
+        }
     }
 }

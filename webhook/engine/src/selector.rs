@@ -4,6 +4,8 @@
 //! Written here: neither k8s-openapi nor kube evaluates a LabelSelector, and the rules (operators,
 //! value-list constraints) are a page.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 /// What one requirement asks of a label's value.
@@ -128,6 +130,43 @@ impl Selector {
     /// Every requirement, `matchLabels` first.
     pub fn requirements(&self) -> &[Requirement] {
         &self.requirements
+    }
+
+    /// Whether some set of labels matches. Keys are independent and values unbounded, so it is
+    /// decided key by key: the `In` sets must leave a value outside every `NotIn`, and a label
+    /// cannot both exist and not.
+    pub fn satisfiable(&self) -> bool {
+        let mut keys: BTreeMap<&str, Vec<&Op>> = BTreeMap::new();
+        for r in &self.requirements {
+            keys.entry(r.key.as_str()).or_default().push(&r.op);
+        }
+        keys.values().all(|ops| {
+            let mut allowed: Option<Vec<&String>> = None;
+            let (mut exists, mut absent) = (false, false);
+            for op in ops {
+                match op {
+                    Op::In(values) => {
+                        exists = true;
+                        allowed = Some(match allowed {
+                            None => values.iter().collect(),
+                            Some(a) => a.into_iter().filter(|v| values.contains(v)).collect(),
+                        });
+                    }
+                    Op::Exists => exists = true,
+                    Op::DoesNotExist => absent = true,
+                    Op::NotIn(_) => {}
+                    Op::Unknown(_) => return false,
+                }
+            }
+            let excluded = |v: &&String| {
+                ops.iter()
+                    .any(|op| matches!(op, Op::NotIn(values) if values.contains(v)))
+            };
+            match allowed {
+                Some(values) => !absent && values.iter().any(|v| !excluded(v)),
+                None => !(exists && absent),
+            }
+        })
     }
 
     /// True when every requirement holds for the labels `get` looks up.

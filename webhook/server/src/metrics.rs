@@ -104,6 +104,7 @@ struct Families {
     duration: HistogramFamily<PolicyLabel>,
     injections: Family<PolicyLabel, Counter>,
     skipped: Family<ReasonLabels, Counter>,
+    overdue: Family<PolicyLabel, Counter>,
 }
 
 /// The admission metrics of one policy. A counter joins the exposition at its first increment, so
@@ -116,6 +117,7 @@ pub struct AdmissionMetrics {
     duration: Histogram,
     injections: OnceLock<Counter>,
     skipped: [OnceLock<Counter>; SkipReason::COUNT],
+    overdue: OnceLock<Counter>,
 }
 
 impl AdmissionMetrics {
@@ -130,7 +132,13 @@ impl AdmissionMetrics {
             requests: Default::default(),
             injections: OnceLock::new(),
             skipped: Default::default(),
+            overdue: OnceLock::new(),
         }
+    }
+
+    /// The policy these metrics are labelled with.
+    pub fn policy(&self) -> &str {
+        &self.policy
     }
 
     fn request_counter(&self, outcome: Outcome) -> Option<&Counter> {
@@ -177,6 +185,22 @@ impl AdmissionMetrics {
         if let Some(counter) = self.skip_counter(reason) {
             counter.inc();
         }
+    }
+
+    /// Counts a call the API server had given up on (its timeout ran out) before the answer.
+    pub fn overdue(&self) {
+        self.overdue
+            .get_or_init(|| {
+                self.families.overdue.get_or_create_owned(&PolicyLabel {
+                    policy: self.policy.clone(),
+                })
+            })
+            .inc();
+    }
+
+    /// Calls counted by [`AdmissionMetrics::overdue`] so far.
+    pub fn overdues(&self) -> u64 {
+        self.overdue.get().map_or(0, Counter::get)
     }
 
     /// Requests counted with `outcome` so far.
@@ -233,6 +257,7 @@ impl Metrics {
             }),
             injections: Family::default(),
             skipped: Family::default(),
+            overdue: Family::default(),
         };
         // The library appends the final full stop of each HELP text.
         registry.register(
@@ -254,6 +279,12 @@ impl Metrics {
             "splice_injection_skipped",
             "Pods a policy did not apply to, by policy and reason",
             families.skipped.clone(),
+        );
+        registry.register(
+            "splice_admission_over_timeout",
+            "Admission calls still unanswered when the API server's timeout for them ran out (it \
+             then applied the failure policy), by policy",
+            families.overdue.clone(),
         );
         Metrics {
             families: Arc::new(families),

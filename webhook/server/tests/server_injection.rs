@@ -525,6 +525,50 @@ async fn a_shared_entry_naming_an_unknown_policy_still_injects_the_known_ones() 
 }
 
 #[tokio::test]
+async fn a_call_answered_after_the_api_servers_timeout_is_counted_for_each_policy_it_named() {
+    let mut config = config();
+    config.cache_wait = Some(std::time::Duration::from_millis(300));
+    let server = Running::start_with(config, shared_store(), None).await;
+    let body = pod_review("uid-t", "team-a", false, SMALL_POD);
+    // In time: the API server would wait 10 s.
+    let prompt = exchange(
+        &server,
+        &post(
+            "/inject/a-logs?timeout=10s",
+            "application/json",
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(prompt.status, 200, "{}", prompt.text());
+    assert_eq!(server.metrics.admission("a-logs").overdues(), 0);
+    // Waiting 300 ms for a policy this replica does not know outlives a 100 ms timeout.
+    let late = exchange(
+        &server,
+        &post(
+            "/inject/a-logs,gone?timeout=100ms",
+            "application/json",
+            body.as_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(late.status, 200, "{}", late.text());
+    assert_eq!(server.metrics.admission("a-logs").overdues(), 1);
+    assert_eq!(
+        server
+            .metrics
+            .admission(splice_server::server::UNKNOWN_POLICY_LABEL)
+            .overdues(),
+        1
+    );
+    let text = splice_server::metrics::render(&server.registry);
+    assert!(
+        text.contains(r#"splice_admission_over_timeout_total{policy="a-logs"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
 async fn a_pod_whose_override_fails_its_rule_is_denied_even_under_ignore_naming_the_annotation() {
     let guarded = policy_yaml(
         "cpu",

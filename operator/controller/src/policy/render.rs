@@ -233,7 +233,7 @@ pub fn render_group(
             failure_policy: Some(first.failure_policy.as_str().to_owned()),
             match_policy: Some("Equivalent".to_owned()),
             namespace_selector: Some(namespace_selector(
-                narrowed(spec.namespace_selector.as_ref(), entry.namespace).as_ref(),
+                narrowed(group.namespace_selector(), entry.namespace).as_ref(),
                 cx.splice_namespace,
             )),
             object_selector: Some(object_selector(

@@ -4,7 +4,7 @@
 use std::error::Error as StdError;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -189,6 +189,13 @@ impl Handler {
     {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
+        // Until the policies are resolved, a call that runs out waits for ones this replica does
+        // not know yet.
+        let mut overdue = call_timeout(parts.uri.query()).map(|timeout| Overdue {
+            started,
+            timeout,
+            metrics: vec![Arc::clone(&self.inner.unknown)],
+        });
         let target = match self.route(parts.uri.path()) {
             Route::NotFound => {
                 return text(
@@ -209,6 +216,16 @@ impl Handler {
                 Target::Policies(self.members(entry).await)
             }
         };
+        if let Some(overdue) = overdue.as_mut() {
+            overdue.metrics = match &target {
+                Target::Policies(members) => {
+                    members.iter().map(|m| Arc::clone(&m.metrics)).collect()
+                }
+                Target::Validate => vec![Arc::clone(&self.inner.validate)],
+                #[cfg(feature = "bench-baselines")]
+                Target::Null(_) => vec![self.inner.metrics.admission(NULL_POLICY_LABEL)],
+            };
+        }
         let body = self.read_body(&parts, body).await;
         let (response, outcomes) = match (&target, body) {
             (_, Err(rejection)) => (rejection, Outcomes::All(Outcome::BadRequest)),
@@ -613,6 +630,71 @@ fn null_response(body: &[u8]) -> HttpResponse {
     ))
 }
 
+/// A call still unanswered when the API server's timeout for it ran out: counted when the
+/// handler finishes late, or when it is dropped because the API server closed the connection.
+struct Overdue {
+    started: Instant,
+    timeout: Duration,
+    metrics: Vec<Arc<AdmissionMetrics>>,
+}
+
+impl Drop for Overdue {
+    fn drop(&mut self) {
+        let elapsed = self.started.elapsed();
+        if elapsed <= self.timeout {
+            return;
+        }
+        for m in &self.metrics {
+            m.overdue();
+        }
+        let policies: Vec<&str> = self.metrics.iter().map(|m| m.policy()).collect();
+        tracing::warn!(
+            policies = %policies.join(","),
+            ?elapsed,
+            timeout = ?self.timeout,
+            "an admission call outlived the API server's timeout: it applied the webhook's failure policy"
+        );
+    }
+}
+
+/// The API server's timeout for this call: it sends the webhook's `timeoutSeconds` as the query
+/// parameter `timeout`, a Go duration (`10s`).
+fn call_timeout(query: Option<&str>) -> Option<Duration> {
+    let value = query?
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("timeout="))?;
+    go_duration(value)
+}
+
+/// A Go `time.Duration` as its `String` method writes it (`1m30s`, `1.5s`, `250ms`). Written
+/// here: the duration crates at hand read neither the fractions nor the `1m0s` form.
+fn go_duration(text: &str) -> Option<Duration> {
+    const UNITS: [(&str, f64); 7] = [
+        ("ns", 1e-9),
+        ("us", 1e-6),
+        ("µs", 1e-6),
+        ("ms", 1e-3),
+        ("h", 3600.0),
+        ("m", 60.0),
+        ("s", 1.0),
+    ];
+    let mut rest = text;
+    let mut seconds = 0.0;
+    while !rest.is_empty() {
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..end].parse().ok()?;
+        rest = &rest[end..];
+        let (unit, scale) = UNITS.into_iter().find(|(u, _)| rest.starts_with(u))?;
+        seconds += number * scale;
+        rest = &rest[unit.len()..];
+    }
+    (!text.is_empty())
+        .then(|| Duration::try_from_secs_f64(seconds).ok())
+        .flatten()
+}
+
 fn json(body: Vec<u8>) -> HttpResponse {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     response.headers_mut().insert(
@@ -653,5 +735,27 @@ mod tests {
         assert!(!ok("text/plain"));
         assert!(!ok("application/yaml; x=application/json"));
         assert!(!is_json(None));
+    }
+
+    #[test]
+    fn the_api_servers_timeout_is_read_from_the_query_as_a_go_duration() {
+        let t = |q: &str| call_timeout(Some(q));
+        assert_eq!(t("timeout=10s"), Some(Duration::from_secs(10)));
+        assert_eq!(t("x=1&timeout=1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(t("timeout=1m0s"), Some(Duration::from_secs(60)));
+        assert_eq!(t("timeout=1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(t("timeout=250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(t("timeout=1h0m0s"), Some(Duration::from_secs(3600)));
+        for bad in [
+            "timeout=",
+            "timeout=10",
+            "timeout=s",
+            "timeout=10x",
+            "timeout=-1s",
+            "other=1s",
+        ] {
+            assert_eq!(t(bad), None, "{bad}");
+        }
+        assert_eq!(call_timeout(None), None);
     }
 }
