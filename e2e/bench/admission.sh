@@ -24,7 +24,10 @@
 # 16640), ROUNDS (5), SEQUENTIAL (100 creates per arm and round), CONCURRENT (8 clients),
 # PER_CLIENT (25 creates each), SPLICE_BIN, OUT (also write the table there), SPLICE_BASELINE_BIN
 # (another splice binary, e.g. a build of an earlier commit: measured as arm `splice-before` in the
-# same run, so a change to the request path is compared side by side).
+# same run, so a change to the request path is compared side by side). With the real node also
+# the load rows (e2e/bench/load.py, sent by e2e/src/bin/admission_load.rs): LOAD (1; 0 leaves them
+# out), LOAD_CREATES (10000 creates a row), LOAD_CLIENTS ("32 128": one splice17 and one agnhost
+# row per client count, then a fault row at 32 with one Splice pod deleted mid-load).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -165,3 +168,13 @@ python3 "$repo/e2e/bench/admission.py" --kubeconfig "$KUBECONFIG" \
   --rounds "${ROUNDS:-5}" --sequential "${SEQUENTIAL:-100}" \
   --concurrent "${CONCURRENT:-8}" --per-client "${PER_CLIENT:-25}" ${OUT:+--out "$OUT"} \
   "${baseline[@]}" "${cluster[@]}"
+
+# The load rows: 17 policies (Fail) on the chart-installed Splice against the agnhost pod, at
+# LOAD_CLIENTS concurrent clients, then one Splice pod deleted mid-load.
+if [ "${SPLICE_REAL_NODE:-1}" != 0 ] && [ "${LOAD:-1}" != 0 ]; then
+  (cd "$repo" && cargo build -q --release -p splice-e2e --bin admission_load)
+  python3 "$repo/e2e/bench/load.py" --kubeconfig "$KUBECONFIG" --kubectl "$kubectl" \
+    --generator "${CARGO_TARGET_DIR:-$repo/target}/release/admission_load" \
+    --agnhost-namespace bench-infra --agnhost-ca "$work/svc-cert.pem" \
+    --creates "${LOAD_CREATES:-10000}" --clients "${LOAD_CLIENTS:-32 128}" ${OUT:+--out "$OUT"}
+fi

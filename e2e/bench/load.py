@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""The load rows of `make bench-admission` (admission.sh runs this after admission.py, only with
+the real node). Dry-run pod creates at C concurrent clients through the API server, sent by the
+Rust generator e2e/src/bin/admission_load.rs, into
+  splice17  namespace load-splice, served by the chart-installed Splice (namespace splice-cluster,
+            instance bench-cluster) with 17 InjectionPolicies, mode Webhook, failurePolicy Fail,
+            over 3 namespace selectors (load-a/load-b/load-c=on; the namespace carries all three)
+            and object selectors app=load, tier=web or none; one policy (load-c-4) wants
+            tier=db, which the load pod does not carry, so 16 sidecars are injected;
+  agnhost   namespace load-agnhost, served by the agnhost pod behind its Service (admission.sh's
+            agnhost-cluster arm), failurePolicy Fail, one sidecar.
+Per row: latency, errors, timeouts, the API server's calls to Splice's webhooks per create (its
+apiserver_admission_webhook_admission_duration_seconds_count, type admit), Splice's CPU seconds
+per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS. Then a
+fault row: a splice17 load at 32 clients during which one Splice pod is deleted after 2 s.
+"""
+
+import argparse
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from admission import plain_webhook  # noqa: E402  (the agnhost-cluster arm's webhook entry)
+from controller import Api  # noqa: E402  (the same admin-certificate client)
+
+GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
+SPLICE_NS = "splice-cluster"
+NS_SPLICE, NS_AGNHOST = "load-splice", "load-agnhost"
+MANAGED = "app.kubernetes.io/managed-by=splice"
+
+
+def policies():
+    """(name, namespace selector key, object selector or None); 6 + 6 + 5 = 17."""
+    out = []
+    objects = [{"app": "load"}, {"tier": "web"}, None]
+    for key, count in (("load-a", 6), ("load-b", 6), ("load-c", 5)):
+        for i in range(count):
+            sel = objects[i % 3]
+            if key == "load-c" and i == 4:
+                sel = {"tier": "db"}  # the pod is tier=web: this one must not inject
+            out.append((f"{key}-{i}", key, sel))
+    return out
+
+
+INJECTED = sum(1 for _, _, sel in policies() if sel != {"tier": "db"})
+
+
+def setup(api, agnhost_ns, agnhost_ca):
+    api.json("POST", "/api/v1/namespaces", {"metadata": {
+        "name": NS_SPLICE, "labels": {"load-a": "on", "load-b": "on", "load-c": "on"}}})
+    # admission.py's webhook entries select namespaces by label bench-arm.
+    api.json("POST", "/api/v1/namespaces",
+             {"metadata": {"name": NS_AGNHOST, "labels": {"bench-arm": NS_AGNHOST}}})
+    for name, key, sel in policies():
+        spec = {
+            "mode": "Webhook",
+            "failurePolicy": "Fail",
+            "namespaceSelector": {"matchLabels": {key: "on"}},
+            "template": {"containers": [{"name": f"sidecar-{name}",
+                                         "image": f"registry.invalid/{name}:1"}]},
+        }
+        if sel:
+            spec["objectSelector"] = {"matchLabels": sel}
+        api.json("POST", GROUP, {
+            "apiVersion": "splice.dev/v1alpha1", "kind": "InjectionPolicy",
+            "metadata": {"name": name, "labels": {"e2e.splice.dev/instance": "bench-cluster"}},
+            "spec": spec,
+        })
+    with open(agnhost_ca, "rb") as f:
+        plain_webhook(api, "bench-load-agnhost",
+                      {"namespace": agnhost_ns, "name": "agnhost",
+                       "path": "/mutating-pods-sidecar", "port": 443},
+                      base64.b64encode(f.read()).decode(), NS_AGNHOST)
+
+
+def wait_ready(api, timeout=300):
+    """Every load policy Ready=True with Fail in force (the availability guard holds Fail back
+    until the Deployment and its budget have been sufficient for 60 s)."""
+    names = {n for n, _, _ in policies()}
+    deadline = time.time() + timeout
+    while True:
+        items = api.json("GET", GROUP)["items"]
+        pending = []
+        for p in items:
+            if p["metadata"]["name"] not in names:
+                continue
+            st = p.get("status") or {}
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in st.get("conditions", []))
+            if not ready or st.get("effectiveFailurePolicy") != "Fail":
+                pending.append(f"{p['metadata']['name']}(ready={ready},"
+                               f"fp={st.get('effectiveFailurePolicy')})")
+        if not pending:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"policies not Ready with Fail after {timeout}s: {pending}")
+        time.sleep(2)
+
+
+def added(api, ns):
+    status, text = api.call("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "load", "labels": {"app": "load", "tier": "web"}},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}))
+    if status != 201:
+        return None
+    return len(json.loads(text)["spec"]["containers"]) - 1
+
+
+def wait_live(api, timeout=120):
+    """The API server has loaded every webhook entry: each namespace gets its sidecars."""
+    deadline = time.time() + timeout
+    for ns, want in ((NS_SPLICE, INJECTED), (NS_AGNHOST, 1)):
+        while (got := added(api, ns)) != want:
+            if time.time() > deadline:
+                raise RuntimeError(f"{ns}: {got} containers injected, expected {want}")
+            time.sleep(0.5)
+
+
+def splice_webhooks(api):
+    """Webhook names of the configurations Splice wrote."""
+    cfgs = api.json("GET", "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+                    f"?labelSelector={MANAGED}")["items"]
+    return {w["name"] for c in cfgs for w in c.get("webhooks", [])}, len(cfgs)
+
+
+def webhook_counts(api):
+    """Calls by webhook name (type admit) since the API server started."""
+    _, text = api.call("GET", "/metrics")
+    out = {}
+    for line in text.decode().splitlines():
+        if (line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{")
+                and 'type="admit"' in line):
+            name = re.search(r'name="([^"]*)"', line).group(1)
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def splice_pids(kubectl):
+    """Processes in the cgroups of Splice's running pods (by pod UID, so nothing of another
+    control plane or the local `splice run` is counted)."""
+    out = subprocess.run([kubectl, "-n", SPLICE_NS, "get", "pods", "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    uids = [p["metadata"]["uid"] for p in json.loads(out)["items"]
+            if p["status"].get("phase") == "Running"]
+    keys = [u.replace("-", "_") for u in uids] + uids
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                cg = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(f"pod{k}" in cg for k in keys) and cmd and cmd[0].endswith(b"splice"):
+            pids.append(int(pid))
+    return pids
+
+
+def cpu_seconds(pids):
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def memory_mib(pids):
+    """(max VmRSS, max VmHWM) in MiB over the processes."""
+    rss = hwm = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        rss = max(rss, int(line.split()[1]))
+                    elif line.startswith("VmHWM:"):
+                        hwm = max(hwm, int(line.split()[1]))
+        except OSError:
+            continue
+    return rss / 1024, hwm / 1024
+
+
+def row(api, args, label, ns, clients, expect, fault=False):
+    names, _ = splice_webhooks(api)
+    pids = splice_pids(args.kubectl)
+    before_calls, before_cpu = webhook_counts(api), cpu_seconds(pids)
+    cmd = [args.generator, "--namespace", ns, "--creates", str(args.creates),
+           "--clients", str(clients), "--expect", str(expect), "--warmup", "200"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    deleted = ""
+    if fault:
+        time.sleep(2)  # the warm-up takes well under a second: the pod goes mid-load
+        pod = subprocess.run([args.kubectl, "-n", SPLICE_NS, "get", "pods", "-o",
+                              "jsonpath={.items[0].metadata.name}"],
+                             check=True, capture_output=True, text=True).stdout
+        subprocess.run([args.kubectl, "-n", SPLICE_NS, "delete", "pod", pod, "--wait=false"],
+                       check=True, capture_output=True)
+        deleted = pod
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{label}: admission_load failed ({proc.returncode})")
+    r = json.loads(out)
+    after_calls, after_cpu = webhook_counts(api), cpu_seconds(pids)
+    creates_seen = args.creates + 200  # the warm-up goes through the same webhooks
+    calls = sum(after_calls.get(n, 0) - before_calls.get(n, 0) for n in names)
+    rss, hwm = memory_mib(splice_pids(args.kubectl))
+    r.update(label=label, calls_per_create=calls / creates_seen if ns == NS_SPLICE else None,
+             cpu_per_1000=None if fault else (after_cpu - before_cpu) / creates_seen * 1000,
+             rss_mib=rss, hwm_mib=hwm, deleted=deleted, splice_pids=len(pids))
+    print(f"bench: load {label}: {json.dumps(r)}", file=sys.stderr, flush=True)
+    return r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--kubectl", required=True)
+    ap.add_argument("--generator", required=True, help="the admission_load binary")
+    ap.add_argument("--agnhost-namespace", required=True)
+    ap.add_argument("--agnhost-ca", required=True)
+    ap.add_argument("--creates", type=int, default=10000)
+    ap.add_argument("--clients", default="32 128")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    api = Api(args.kubeconfig)
+    setup(api, args.agnhost_namespace, args.agnhost_ca)
+    start = time.time()
+    wait_ready(api)
+    print(f"bench: load policies Ready with Fail after {time.time() - start:.0f}s",
+          file=sys.stderr)
+    wait_live(api)
+    names, ncfg = splice_webhooks(api)
+    print(f"bench: Splice's webhooks ({ncfg} configurations): {sorted(names)}", file=sys.stderr)
+    load_start = os.getloadavg()[0]
+    rows = []
+    for c in (int(x) for x in args.clients.split()):
+        rows.append(row(api, args, "splice17", NS_SPLICE, c, INJECTED))
+        rows.append(row(api, args, "agnhost", NS_AGNHOST, c, 1))
+    rows.append(row(api, args, "splice17, one Splice pod deleted", NS_SPLICE, 32, INJECTED,
+                    fault=True))
+
+    def f(v, fmt):
+        return "–" if v is None else format(v, fmt)
+
+    lines = ["| row | clients | creates | p50 ms | p99 ms | max ms | errors | timeouts | "
+             "calls/create | Splice CPU s/1000 | Splice RSS MiB (HWM) | creates/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['clients']} | {r['n']} | {r['p50_ms']:.1f} | "
+            f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['errors']} | {r['timeouts']} | "
+            f"{f(r['calls_per_create'], '.2f')} | {f(r['cpu_per_1000'], '.2f')} | "
+            f"{r['rss_mib']:.1f} ({r['hwm_mib']:.1f}) | {r['creates_per_s']:.0f} |")
+    lines.append("")
+    lines.append(
+        f"{len(policies())} policies in {ncfg} webhook configurations ({INJECTED} inject); "
+        f"in flight at most / connections: "
+        + ", ".join(f"{r['label']}@{r['clients']}: {r['max_in_flight']}/{r['connections']}"
+                    for r in rows)
+        + f"; {os.cpu_count()} CPUs, load average {load_start:.2f} -> {os.getloadavg()[0]:.2f}.")
+    for r in rows:
+        for kind in ("error_samples", "timeout_samples"):
+            for s in r.get(kind, []):
+                lines.append(f"- {r['label']}@{r['clients']} {kind[:-8]}: {s[:300]}")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()
