@@ -60,11 +60,7 @@ def setup(api, agnhost_ns, agnhost_ca):
         spec = {
             "mode": "Webhook",
             "failurePolicy": "Fail",
-            # A distinct timeout per policy keeps each in a webhook entry of its own: a shared
-            # entry's path (/inject/a,b,...) is refused by the API server for a Service
-            # clientConfig (1.36: "segment[1]: a lowercase RFC 1123 subdomain"), so with the
-            # chart no shared entry can be written (docs/performance.md, Admission under load).
-            "timeoutSeconds": 10 + i,
+            "timeoutSeconds": 10,
             "namespaceSelector": {"matchLabels": {key: "on"}},
             "template": {"containers": [{"name": f"sidecar-{name}",
                                          "image": f"registry.invalid/{name}:1"}]},

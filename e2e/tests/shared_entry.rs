@@ -177,7 +177,9 @@ async fn ten_overlapping_policies_inject_each_pod_once_in_name_order_with_one_ca
     let webhook = hooks[0].name.clone();
     let path = target_of(&hooks[0]);
     ensure!(
-        path.ends_with(&format!("/inject/{}", names.join(","))),
+        path.ends_with(&splice_engine::entry::entry_path(
+            names.iter().map(String::as_str)
+        )),
         "{path}"
     );
     let owners = config.metadata.owner_references.unwrap_or_default();
@@ -438,7 +440,9 @@ async fn a_group_changing_under_load_never_misses_or_doubles_a_pod() -> Result<(
         .remove(0);
     let target = target_of(&hook);
     ensure!(
-        target.ends_with(&format!("/inject/{}", survivors.join(","))),
+        target.ends_with(&splice_engine::entry::entry_path(
+            survivors.iter().map(String::as_str)
+        )),
         "{target}"
     );
     Ok(())
@@ -575,5 +579,50 @@ async fn policies_with_different_namespace_selectors_cost_one_call_judged_by_the
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+    Ok(())
+}
+
+/// A webhook calling Splice's Service at `path`, as a server-side dry run.
+async fn service_entry(
+    client: &Client,
+    path: &str,
+) -> Result<kube::Result<MutatingWebhookConfiguration>> {
+    let entry: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": "e2e-service-path"},
+        "webhooks": [{
+            "name": "group.splice.dev",
+            "clientConfig": {"service": {"namespace": "splice-system", "name": "splice", "path": path}},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+        }],
+    }))?;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    Ok(api
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            },
+            &entry,
+        )
+        .await)
+}
+
+#[tokio::test]
+async fn the_api_server_accepts_a_shared_entrys_path_in_a_service_reference() -> Result<()> {
+    let client = splice_e2e::client().await?;
+    let names = ["a-mesh", "b.logs", "c-trace"];
+    let path = splice_engine::entry::entry_path(names);
+    service_entry(&client, &path)
+        .await?
+        .with_context(|| format!("the API server refused {path}"))?;
+    // What earlier versions wrote (still read by the webhook) is refused there: the reason the
+    // separator is `/`.
+    let refused = service_entry(&client, "/inject/a-mesh,b.logs").await?;
+    ensure!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 422),
+        "a comma in a Service path: {refused:?}"
+    );
     Ok(())
 }

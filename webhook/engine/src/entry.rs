@@ -42,6 +42,9 @@ pub const MAX_MEMBERS: usize = 32;
 /// What every entry's path starts with.
 const PATH_PREFIX: &str = "/inject/";
 
+/// Between the names of an entry's path: `/` (written), `,` (read, from earlier versions).
+const SEPARATORS: [char; 2] = ['/', ','];
+
 /// The most webhooks one partitioned configuration holds: a family of policies whose namespace
 /// selectors need more keeps one entry per selector. Every webhook costs the API server a
 /// namespace-selector check per pod create, a call costs it a round trip.
@@ -603,12 +606,14 @@ pub fn webhook_name_of(configuration: &str) -> Option<String> {
     configuration.strip_prefix("splice-").map(webhook_name)
 }
 
-/// The path of the entry that applies `names` in this order.
+/// The path of the entry that applies `names` in this order, one segment each: the API server
+/// refuses a Service reference whose path has a segment that is not a DNS-1123 subdomain, so a
+/// comma-separated list only ever worked with `--webhook-url`.
 pub fn entry_path<'n>(names: impl IntoIterator<Item = &'n str>) -> String {
     let mut path = String::from(PATH_PREFIX);
     for (i, name) in names.into_iter().enumerate() {
         if i > 0 {
-            path.push(',');
+            path.push('/');
         }
         path.push_str(name);
     }
@@ -620,14 +625,19 @@ pub fn entry_path<'n>(names: impl IntoIterator<Item = &'n str>) -> String {
 pub struct EntryPath<'a>(&'a str);
 
 impl<'a> EntryPath<'a> {
-    /// `None` for a path that is no entry's: another prefix, an empty name, a nested path.
+    /// `None` for a path that is no entry's: another prefix, an empty name. Names are separated
+    /// by `/`, or by `,` in the entries earlier versions wrote (with `--webhook-url`); a policy
+    /// name holds neither.
     pub fn parse(path: &'a str) -> Option<Self> {
         let names = path.strip_prefix(PATH_PREFIX)?;
-        (names.split(',').all(|n| !n.is_empty()) && !names.contains('/')).then_some(Self(names))
+        names
+            .split(SEPARATORS)
+            .all(|n| !n.is_empty())
+            .then_some(Self(names))
     }
 
     pub fn names(self) -> impl Iterator<Item = &'a str> {
-        self.0.split(',')
+        self.0.split(SEPARATORS)
     }
 
     /// More names than any entry [`Plan::new`] writes: refused rather than looked up.
@@ -806,10 +816,34 @@ mod tests {
     #[test]
     fn a_path_reads_back_the_names_it_was_built_from_in_order() {
         let path = entry_path(["env", "logs", "mesh"]);
-        assert_eq!(path, "/inject/env,logs,mesh");
+        assert_eq!(path, "/inject/env/logs/mesh");
         let parsed = EntryPath::parse(&path).expect("an entry path");
         assert_eq!(parsed.names().collect::<Vec<_>>(), ["env", "logs", "mesh"]);
         assert!(!parsed.too_long());
+        // What earlier versions wrote still reads.
+        let earlier = EntryPath::parse("/inject/env,logs,mesh").expect("an entry path");
+        assert_eq!(earlier.names().collect::<Vec<_>>(), ["env", "logs", "mesh"]);
+    }
+
+    #[test]
+    fn every_segment_of_a_shared_entrys_path_is_a_dns_subdomain_as_a_service_path_needs() {
+        let names = ["a-mesh", "b.logs", "c0"];
+        let path = entry_path(names);
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        assert_eq!(segments, ["inject", "a-mesh", "b.logs", "c0"]);
+        let subdomain = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 253
+                && s.split('.').all(|label| {
+                    !label.is_empty()
+                        && label
+                            .chars()
+                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                        && !label.starts_with('-')
+                        && !label.ends_with('-')
+                })
+        };
+        assert!(segments.iter().all(|s| subdomain(s)), "{path}");
     }
 
     #[test]
@@ -818,7 +852,8 @@ mod tests {
             "/validate",
             "/inject/",
             "/inject/a,,b",
-            "/inject/a/b",
+            "/inject/a//b",
+            "/inject/a/",
             "/injectx",
         ] {
             assert_eq!(EntryPath::parse(path), None, "{path}");
@@ -879,7 +914,7 @@ mod tests {
             "{}",
             g.configuration
         );
-        assert_eq!(g.path(), "/inject/env,logs,mesh");
+        assert_eq!(g.path(), "/inject/env/logs/mesh");
         assert_eq!(
             webhook_name_of(&g.configuration).as_deref(),
             Some(g.webhook.as_str())
@@ -1123,7 +1158,7 @@ mod tests {
         assert_eq!(entries.len(), 7);
         assert_eq!(
             entries.last().map(|e| e.path.as_str()),
-            Some("/inject/audit,logs,mesh,trace")
+            Some("/inject/audit/logs/mesh/trace")
         );
         let only_mesh = entries
             .iter()

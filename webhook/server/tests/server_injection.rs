@@ -588,7 +588,7 @@ async fn a_pod_whose_override_fails_its_rule_is_denied_even_under_ignore_naming_
     let body = pod_review("u-deny", "shop", false, pod);
     let reply = exchange(
         &server,
-        &post("/inject/logs,cpu", "application/json", body.as_bytes()),
+        &post("/inject/logs/cpu", "application/json", body.as_bytes()),
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
