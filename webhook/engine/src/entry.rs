@@ -167,6 +167,10 @@ impl Group {
     /// The object selector the entry carries: the members' common one, or none when they differ
     /// (the webhook then decides each; see [`selection`]).
     pub fn object_selector(&self) -> Option<&LabelSelector> {
+        // A partitioned group's cells carry their own members' (see [`Group::entries`]).
+        if !self.cells.is_empty() {
+            return None;
+        }
         let first = self.members.first()?.spec.object_selector.as_ref();
         let same = one_object_selector(self.members.iter().map(|m| &m.spec));
         if same { first } else { None }
@@ -193,11 +197,22 @@ impl Group {
                 .cells
                 .iter()
                 .enumerate()
-                .map(|(i, cell)| Entry {
-                    webhook: format!("cell-{i}.{}", self.webhook),
-                    path: entry_path(cell.members.iter().map(|&m| self.members[m].name.as_str())),
-                    namespace: cell.namespace.clone(),
-                    object: Vec::new(),
+                .map(|(i, cell)| {
+                    let members = || cell.members.iter().map(|&m| &self.members[m]);
+                    // The webhook lets the API server decide the object selector of a call whose
+                    // policies share one ([`selection`]), so that call's webhook must carry it.
+                    let object = match members().next() {
+                        Some(first) if one_object_selector(members().map(|m| &m.spec)) => {
+                            requirements(first.spec.object_selector.as_ref())
+                        }
+                        _ => Vec::new(),
+                    };
+                    Entry {
+                        webhook: format!("cell-{i}.{}", self.webhook),
+                        path: entry_path(members().map(|m| m.name.as_str())),
+                        namespace: cell.namespace.clone(),
+                        object,
+                    }
                 })
                 .collect();
         }
@@ -1175,6 +1190,40 @@ mod tests {
         let names: std::collections::BTreeSet<&str> =
             entries.iter().map(|e| e.webhook.as_str()).collect();
         assert_eq!(names.len(), entries.len(), "webhook names are unique");
+    }
+
+    #[test]
+    fn a_cell_whose_policies_share_an_object_selector_carries_it_for_the_api_server() {
+        // Selected everywhere but only pods labelled `e`, next to a policy of one namespace with
+        // no object selector: the call for `everywhere` alone must not reach unlabelled pods.
+        let plan = Plan::new(
+            [
+                member("everywhere", |s| {
+                    s.namespace_selector = None;
+                    s.object_selector = labels("e", "1");
+                }),
+                member("scoped", |s| s.namespace_selector = on("team")),
+            ],
+            "splice-system",
+        );
+        let g = &plan.groups()[0];
+        assert_eq!(g.object_selector(), None);
+        let entries = g.entries();
+        let alone = entries
+            .iter()
+            .find(|e| e.path == "/inject/everywhere")
+            .unwrap_or_else(|| panic!("a cell for `everywhere` alone: {entries:?}"));
+        assert_eq!(alone.object, [expression("e", "In", &["1"])]);
+        let both = entries
+            .iter()
+            .find(|e| e.path == "/inject/everywhere/scoped")
+            .expect("a cell for both");
+        assert!(
+            both.object.is_empty(),
+            "the webhook decides mixed selectors"
+        );
+        // No namespace has `scoped` without `everywhere`: that cell is left out.
+        assert_eq!(entries.len(), 2);
     }
 
     #[test]
