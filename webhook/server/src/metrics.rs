@@ -117,7 +117,9 @@ pub struct AdmissionMetrics {
     duration: Histogram,
     injections: OnceLock<Counter>,
     skipped: [OnceLock<Counter>; SkipReason::COUNT],
-    overdue: OnceLock<Counter>,
+    /// Exported from the start, like the histogram: an alert on its increase must see the 0
+    /// before the first call that runs out.
+    overdue: Counter,
 }
 
 impl AdmissionMetrics {
@@ -127,12 +129,12 @@ impl AdmissionMetrics {
         };
         AdmissionMetrics {
             duration: families.duration.get_or_create_owned(&label),
+            overdue: families.overdue.get_or_create_owned(&label),
             policy: label.policy,
             families,
             requests: Default::default(),
             injections: OnceLock::new(),
             skipped: Default::default(),
-            overdue: OnceLock::new(),
         }
     }
 
@@ -189,18 +191,12 @@ impl AdmissionMetrics {
 
     /// Counts a call the API server had given up on (its timeout ran out) before the answer.
     pub fn overdue(&self) {
-        self.overdue
-            .get_or_init(|| {
-                self.families.overdue.get_or_create_owned(&PolicyLabel {
-                    policy: self.policy.clone(),
-                })
-            })
-            .inc();
+        self.overdue.inc();
     }
 
     /// Calls counted by [`AdmissionMetrics::overdue`] so far.
     pub fn overdues(&self) -> u64 {
-        self.overdue.get().map_or(0, Counter::get)
+        self.overdue.get()
     }
 
     /// Requests counted with `outcome` so far.
