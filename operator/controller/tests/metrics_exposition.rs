@@ -18,6 +18,7 @@ const ADDED_SINCE: &[&str] = &[
     "splice_identity_issuance_duration_seconds",
     "splice_identity_requests_total",
     "splice_identity_signer_available",
+    "splice_admission_over_timeout_total",
 ];
 
 /// What a scrape promises: HELP and TYPE per family, and every series without its value.
