@@ -189,13 +189,7 @@ impl Handler {
     {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        // Until the policies are resolved, a call that runs out waits for ones this replica does
-        // not know yet.
-        let mut overdue = call_timeout(parts.uri.query()).map(|timeout| Overdue {
-            started,
-            timeout,
-            metrics: vec![Arc::clone(&self.inner.unknown)],
-        });
+        let timeout = call_timeout(parts.uri.query());
         let target = match self.route(parts.uri.path()) {
             Route::NotFound => {
                 return text(
@@ -216,16 +210,13 @@ impl Handler {
                 Target::Policies(self.members(entry).await)
             }
         };
-        if let Some(overdue) = overdue.as_mut() {
-            overdue.metrics = match &target {
-                Target::Policies(members) => {
-                    members.iter().map(|m| Arc::clone(&m.metrics)).collect()
-                }
-                Target::Validate => vec![Arc::clone(&self.inner.validate)],
-                #[cfg(feature = "bench-baselines")]
-                Target::Null(_) => vec![self.inner.metrics.admission(NULL_POLICY_LABEL)],
-            };
-        }
+        // Borrows what the call resolved (no copy on the request path); dropped before it.
+        let _overdue = timeout.map(|timeout| Overdue {
+            started,
+            timeout,
+            inner: &self.inner,
+            target: &target,
+        });
         let body = self.read_body(&parts, body).await;
         let (response, outcomes) = match (&target, body) {
             (_, Err(rejection)) => (rejection, Outcomes::All(Outcome::BadRequest)),
@@ -632,22 +623,29 @@ fn null_response(body: &[u8]) -> HttpResponse {
 
 /// A call still unanswered when the API server's timeout for it ran out: counted when the
 /// handler finishes late, or when it is dropped because the API server closed the connection.
-struct Overdue {
+struct Overdue<'a> {
     started: Instant,
     timeout: Duration,
-    metrics: Vec<Arc<AdmissionMetrics>>,
+    inner: &'a Inner,
+    target: &'a Target<'a>,
 }
 
-impl Drop for Overdue {
+impl Drop for Overdue<'_> {
     fn drop(&mut self) {
         let elapsed = self.started.elapsed();
         if elapsed <= self.timeout {
             return;
         }
-        for m in &self.metrics {
+        let metrics: Vec<Arc<AdmissionMetrics>> = match self.target {
+            Target::Policies(members) => members.iter().map(|m| Arc::clone(&m.metrics)).collect(),
+            Target::Validate => vec![Arc::clone(&self.inner.validate)],
+            #[cfg(feature = "bench-baselines")]
+            Target::Null(_) => vec![self.inner.metrics.admission(NULL_POLICY_LABEL)],
+        };
+        for m in &metrics {
             m.overdue();
         }
-        let policies: Vec<&str> = self.metrics.iter().map(|m| m.policy()).collect();
+        let policies: Vec<&str> = metrics.iter().map(|m| m.policy()).collect();
         tracing::warn!(
             policies = %policies.join(","),
             ?elapsed,
