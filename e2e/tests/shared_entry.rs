@@ -610,19 +610,25 @@ async fn service_entry(
 }
 
 #[tokio::test]
-async fn the_api_server_accepts_a_shared_entrys_path_in_a_service_reference() -> Result<()> {
+async fn the_api_server_accepts_a_shared_or_canary_entrys_path_in_a_service_reference() -> Result<()>
+{
     let client = splice_e2e::client().await?;
     let names = ["a-mesh", "b.logs", "c-trace"];
     let path = splice_engine::entry::entry_path(names);
-    service_entry(&client, &path)
-        .await?
-        .with_context(|| format!("the API server refused {path}"))?;
+    let canary = splice_engine::entry::canary_path("b.logs");
+    for path in [&path, &canary] {
+        service_entry(&client, path)
+            .await?
+            .with_context(|| format!("the API server refused {path}"))?;
+    }
     // What earlier versions wrote (still read by the webhook) is refused there: the reason the
-    // separator is `/`.
-    let refused = service_entry(&client, "/inject/a-mesh,b.logs").await?;
-    ensure!(
-        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 422),
-        "a comma in a Service path: {refused:?}"
-    );
+    // separator is `/` and a canary's entry has a prefix of its own.
+    for earlier in ["/inject/a-mesh,b.logs", "/inject/b.logs@canary"] {
+        let refused = service_entry(&client, earlier).await?;
+        ensure!(
+            matches!(&refused, Err(kube::Error::Api(e)) if e.code == 422),
+            "{earlier} in a Service path: {refused:?}"
+        );
+    }
     Ok(())
 }

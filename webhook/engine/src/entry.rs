@@ -18,14 +18,14 @@
 //! UPDATE only share with policies of the same object selector.
 //!
 //! A policy whose canary is open (`spec.rollout.canary`, see [`canary_split`]) has its own
-//! configuration with several webhooks: `/inject/<policy>@canary` serves the revision in force to
+//! configuration with several webhooks: `/inject-canary/<policy>` serves the revision in force to
 //! the canary, and `/inject/<policy>` serves the promoted one to every other pod, so the entry it
 //! had before the split never hands the new revision to pods outside the canary.
 //!
 //! An entry serving one policy keeps the policy's own names (`splice-<policy>`,
 //! `<policy>.splice.dev`, `/inject/<policy>`); a shared one is named after its terms, so it keeps
 //! its name while policies join and leave it. Its path lists its policies in the order they apply
-//! (`/inject/<a>,<b>,...`).
+//! (`/inject/<a>/<b>/...`).
 
 use std::collections::BTreeMap;
 
@@ -41,6 +41,11 @@ pub const MAX_MEMBERS: usize = 32;
 
 /// What every entry's path starts with.
 const PATH_PREFIX: &str = "/inject/";
+
+/// What a canary's entry path starts with. A marker in the name cannot work: the API server wants
+/// every segment of a Service reference's path to be a DNS-1123 subdomain, which a policy name
+/// already may be, so only the prefix can tell the canary's entry from a policy's.
+const CANARY_PATH_PREFIX: &str = "/inject-canary/";
 
 /// Between the names of an entry's path: `/` (written), `,` (read, from earlier versions).
 const SEPARATORS: [char; 2] = ['/', ','];
@@ -230,10 +235,7 @@ impl Group {
                 let (webhook, path) = if split.stable {
                     (format!("stable-{i}.{}", self.webhook), self.path())
                 } else {
-                    (
-                        self.webhook.clone(),
-                        entry_path([canary_key(&only.name).as_str()]),
-                    )
+                    (self.webhook.clone(), canary_path(&only.name))
                 };
                 Entry {
                     webhook,
@@ -313,12 +315,17 @@ pub fn open_canary<'p>(
     (stable.template_hash != template_hash).then_some((canary, stable))
 }
 
-/// The store key and path name of what a policy's canary gets: the revision in force. Under its
-/// own name a policy with an open canary serves the promoted revision, so the entry it had before
-/// the split (and the entries for the pods outside the canary) never serve the new one. A policy
-/// name cannot hold `@`.
+/// The store key of what a policy's canary gets: the revision in force. Under its own name a
+/// policy with an open canary serves the promoted revision, so the entry it had before the split
+/// (and the entries for the pods outside the canary) never serve the new one. A policy name cannot
+/// hold `@`.
 pub fn canary_key(policy: &str) -> String {
     format!("{policy}{CANARY_SUFFIX}")
+}
+
+/// The path of the entry that serves `policy`'s canary ([`canary_key`]'s revision).
+pub fn canary_path(policy: &str) -> String {
+    format!("{CANARY_PATH_PREFIX}{policy}")
 }
 
 const CANARY_SUFFIX: &str = "@canary";
@@ -635,24 +642,49 @@ pub fn entry_path<'n>(names: impl IntoIterator<Item = &'n str>) -> String {
     path
 }
 
-/// An entry's path as the webhook reads it: the policies it names, in the order they apply.
+/// An entry's path as the webhook reads it: the policies it names, in the order they apply, and
+/// whether it is a canary's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EntryPath<'a>(&'a str);
+pub struct EntryPath<'a> {
+    names: &'a str,
+    canary: bool,
+}
 
 impl<'a> EntryPath<'a> {
-    /// `None` for a path that is no entry's: another prefix, an empty name. Names are separated
-    /// by `/`, or by `,` in the entries earlier versions wrote (with `--webhook-url`); a policy
-    /// name holds neither.
+    /// `None` for a path that is no entry's: another prefix, an empty name, a canary's naming
+    /// more than one. Names are separated by `/`, or by `,` in the entries earlier versions wrote
+    /// (with `--webhook-url`); a policy name holds neither.
     pub fn parse(path: &'a str) -> Option<Self> {
+        if let Some(policy) = path.strip_prefix(CANARY_PATH_PREFIX) {
+            let one = !policy.is_empty() && !policy.contains(SEPARATORS);
+            return one.then_some(Self {
+                names: policy,
+                canary: true,
+            });
+        }
         let names = path.strip_prefix(PATH_PREFIX)?;
         names
             .split(SEPARATORS)
             .all(|n| !n.is_empty())
-            .then_some(Self(names))
+            .then_some(Self {
+                names,
+                canary: false,
+            })
     }
 
+    /// The policies, by name: a canary's entry names its policy, whose canary revision is
+    /// stored under [`Self::key`].
     pub fn names(self) -> impl Iterator<Item = &'a str> {
-        self.0.split(SEPARATORS)
+        self.names.split(SEPARATORS)
+    }
+
+    /// Where the webhook finds what `name` (one of [`Self::names`]) serves on this entry.
+    pub fn key<'n>(self, name: &'n str) -> std::borrow::Cow<'n, str> {
+        if self.canary {
+            canary_key(name).into()
+        } else {
+            name.into()
+        }
     }
 
     /// More names than any entry [`Plan::new`] writes: refused rather than looked up.
@@ -841,11 +873,14 @@ mod tests {
     }
 
     #[test]
-    fn every_segment_of_a_shared_entrys_path_is_a_dns_subdomain_as_a_service_path_needs() {
+    fn every_segment_of_a_shared_or_canary_entrys_path_is_a_dns_subdomain_as_a_service_path_needs()
+    {
         let names = ["a-mesh", "b.logs", "c0"];
         let path = entry_path(names);
         let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
         assert_eq!(segments, ["inject", "a-mesh", "b.logs", "c0"]);
+        let canary = canary_path("b.logs");
+        assert_eq!(canary, "/inject-canary/b.logs");
         let subdomain = |s: &str| {
             !s.is_empty()
                 && s.len() <= 253
@@ -859,6 +894,10 @@ mod tests {
                 })
         };
         assert!(segments.iter().all(|s| subdomain(s)), "{path}");
+        assert!(
+            canary.trim_start_matches('/').split('/').all(subdomain),
+            "{canary}"
+        );
     }
 
     #[test]
@@ -870,6 +909,9 @@ mod tests {
             "/inject/a//b",
             "/inject/a/",
             "/injectx",
+            "/inject-canary/",
+            "/inject-canary/a/b",
+            "/inject-canary/a,b",
         ] {
             assert_eq!(EntryPath::parse(path), None, "{path}");
         }
@@ -1126,7 +1168,7 @@ mod tests {
         assert_eq!(
             paths,
             [
-                ("mesh.splice.dev", "/inject/mesh@canary"),
+                ("mesh.splice.dev", "/inject-canary/mesh"),
                 ("stable-1.mesh.splice.dev", "/inject/mesh"),
                 ("stable-2.mesh.splice.dev", "/inject/mesh"),
             ]
@@ -1143,7 +1185,10 @@ mod tests {
             )
         );
         let parsed = EntryPath::parse(&entries[0].path).expect("an entry path");
-        assert_eq!(parsed.names().collect::<Vec<_>>(), ["mesh@canary"]);
+        assert_eq!(parsed.names().collect::<Vec<_>>(), ["mesh"]);
+        assert_eq!(parsed.key("mesh"), canary_key("mesh"));
+        let stable = EntryPath::parse(&entries[1].path).expect("an entry path");
+        assert_eq!(stable.key("mesh"), "mesh");
     }
 
     fn on(key: &str) -> Option<LabelSelector> {

@@ -641,3 +641,39 @@ async fn an_override_annotation_that_is_not_utf8_gets_a_4xx_naming_the_problem()
     );
     assert!(reply.text().contains("UTF-8"), "{}", reply.text());
 }
+
+#[tokio::test]
+async fn a_canary_entry_serves_the_revision_stored_under_the_canary_key_and_counts_under_the_policy()
+ {
+    let promoted = policy_yaml(
+        "mesh",
+        "Ignore",
+        "  template:\n    containers: [{name: proxy, image: proxy:1}]",
+    );
+    let in_force = promoted.replace("proxy:1", "proxy:2");
+    let store = store_with(&[&promoted]);
+    let (_, canary) = compile(&in_force);
+    store.insert(splice_engine::entry::canary_key("mesh"), canary);
+    let server = Running::start_with(config(), store, None).await;
+    let pod = r#"{"kind":"Pod","metadata":{"name":"x"},"spec":{"containers":[{"name":"app","image":"app:1"}]}}"#;
+    async fn image_at(server: &Running, pod: &str, path: &str, uid: &str) -> serde_json::Value {
+        let body = pod_review(uid, "shop", false, pod);
+        let reply = exchange(server, &post(path, "application/json", body.as_bytes())).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+        let patched = apply(pod, &patch_of(&reply).expect("a patch"));
+        patched["spec"]["containers"][1]["image"].clone()
+    }
+    let canary_path = splice_engine::entry::canary_path("mesh");
+    assert_eq!(
+        image_at(&server, pod, &canary_path, "u-canary").await,
+        "proxy:2"
+    );
+    assert_eq!(
+        image_at(&server, pod, "/inject/mesh", "u-stable").await,
+        "proxy:1"
+    );
+    assert_eq!(
+        server.metrics.admission("mesh").requests(Outcome::Injected),
+        2
+    );
+}

@@ -261,12 +261,13 @@ impl Handler {
         let deadline = self.inner.config.cache_wait.map(|w| Instant::now() + w);
         let mut members = Vec::with_capacity(1);
         for name in entry.names() {
+            let key = entry.key(name);
             let policy = match deadline {
                 Some(deadline) => {
                     let left = deadline.saturating_duration_since(Instant::now());
-                    policies.wait_for(name, left).await
+                    policies.wait_for(&key, left).await
                 }
-                None => policies.get(name),
+                None => policies.get(&key),
             };
             let metrics = match &policy {
                 Some(_) => self.inner.metrics.admission(name),
