@@ -12,7 +12,8 @@ Rust generator e2e/src/bin/admission_load.rs, into
 Per row: latency, errors, timeouts, the API server's calls to Splice's webhooks per create (its
 apiserver_admission_webhook_admission_duration_seconds_count, type admit), Splice's CPU seconds
 per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS. Then a
-fault row: a splice17 load at 32 clients during which one Splice pod is deleted after 2 s.
+fault rows (--faults, default 3): each a splice17 load at 32 clients during which one Splice pod
+is deleted after 2 s, started once both replicas are Ready again.
 """
 
 import argparse
@@ -200,6 +201,23 @@ def memory_mib(pids):
     return rss / 1024, hwm / 1024
 
 
+def wait_replicas(kubectl, want=2, timeout=180):
+    """`want` Splice pods Ready and none terminating: a fault row deletes one of a full set."""
+    deadline = time.time() + timeout
+    while True:
+        out = subprocess.run([kubectl, "-n", SPLICE_NS, "get", "pods", "-o", "json"],
+                             check=True, capture_output=True, text=True).stdout
+        pods = json.loads(out)["items"]
+        ready = [p for p in pods if not p["metadata"].get("deletionTimestamp") and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (p.get("status") or {}).get("conditions", []))]
+        if len(ready) == want and len(pods) == want:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"{len(ready)} of {want} Splice pods Ready ({len(pods)} pods)")
+        time.sleep(1)
+
+
 def row(api, args, label, ns, clients, expect, fault=False):
     names, _ = splice_webhooks(api)
     pids = splice_pids(args.kubectl)
@@ -209,6 +227,8 @@ def row(api, args, label, ns, clients, expect, fault=False):
     warmup = 0 if fault else 200
     cmd = [args.generator, "--namespace", ns, "--creates", str(args.creates),
            "--clients", str(clients), "--expect", str(expect), "--warmup", str(warmup)]
+    if fault:
+        wait_replicas(args.kubectl)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     deleted = ""
     if fault:
@@ -243,6 +263,7 @@ def main():
     ap.add_argument("--agnhost-ca", required=True)
     ap.add_argument("--creates", type=int, default=10000)
     ap.add_argument("--clients", default="32 128")
+    ap.add_argument("--faults", type=int, default=3, help="fault rows, one deletion each")
     ap.add_argument("--out")
     args = ap.parse_args()
     api = Api(args.kubeconfig)
@@ -259,8 +280,9 @@ def main():
     for c in (int(x) for x in args.clients.split()):
         rows.append(row(api, args, "splice17", NS_SPLICE, c, INJECTED))
         rows.append(row(api, args, "agnhost", NS_AGNHOST, c, 1))
-    rows.append(row(api, args, "splice17, one Splice pod deleted", NS_SPLICE, 32, INJECTED,
-                    fault=True))
+    for i in range(args.faults):
+        rows.append(row(api, args, f"splice17, one Splice pod deleted ({i + 1})", NS_SPLICE, 32,
+                        INJECTED, fault=True))
 
     def f(v, fmt):
         return "–" if v is None else format(v, fmt)

@@ -52,6 +52,10 @@ pub struct Args {
     /// Seconds to keep serving, not ready, after SIGTERM before closing the listener.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     shutdown_delay: u64,
+    /// Once the listener is closed, seconds a connection must have been idle before it is closed
+    /// (a client may be writing into an idle connection the moment it closes).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    drain_idle: u64,
     /// Seconds in-flight requests get to finish once the listener is closed.
     #[arg(long, value_name = "SECONDS", default_value_t = 25)]
     drain_timeout: u64,
@@ -135,6 +139,7 @@ async fn serve(
     // Static policies and no namespace watch: nothing would arrive by waiting.
     config.cache_wait = None;
     config.shutdown_delay = Duration::from_secs(args.shutdown_delay);
+    config.drain_idle = Duration::from_secs(args.drain_idle);
     config.drain_timeout = Duration::from_secs(args.drain_timeout);
 
     let listener = TcpListener::bind(args.listen)

@@ -497,6 +497,40 @@ async fn during_the_shutdown_delay_a_pooled_connection_is_answered_then_retired_
 }
 
 #[tokio::test]
+async fn the_drain_closes_an_idle_connection_only_once_it_has_been_idle_drain_idle_and_answers_it_meanwhile()
+ {
+    let mut cfg = config();
+    cfg.drain_idle = Duration::from_millis(700);
+    let mut server = Running::start(cfg).await;
+    let mut used = server.connect().await;
+    let mut unused = server.connect().await;
+    let connected = Instant::now();
+    server.shutdown();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        tokio::net::TcpStream::connect(server.addr).await.is_err(),
+        "the listener is closed: the drain has begun"
+    );
+    // A pooled connection picked during the drain is answered, told to close, and closed.
+    let body = pod_review("in-drain", "team-a", false, SMALL_POD);
+    used.write_all(&post("/null", "application/json", body.as_bytes()))
+        .await
+        .unwrap();
+    let reply = read_reply(&mut used, &mut Vec::new()).await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("connection"), Some("close"));
+    assert!(closes_within(&mut used, Duration::from_millis(500)).await);
+    // The one never used is closed by the drain, but not before it has been idle 700 ms.
+    assert!(closes_within(&mut unused, Duration::from_secs(3)).await);
+    assert!(
+        connected.elapsed() >= Duration::from_millis(650),
+        "closed after {:?}",
+        connected.elapsed()
+    );
+    assert_eq!(server.stopped().await.aborted, 0);
+}
+
+#[tokio::test]
 async fn raw_garbage_on_the_socket_does_not_disturb_other_clients() {
     let server = Running::start(config()).await;
     for garbage in [

@@ -88,6 +88,10 @@ pub async fn run(
     // this replica before the drain closes them: measured on the real node, a leader pod deleted
     // under 20 creates/s otherwise cost one create an EOF.
     config.shutdown_delay = Duration::from_secs(2);
+    // A pooled connection the API server did not use in those 2 s may still be picked at the
+    // moment the drain closes it: close only connections idle this long (the preStop sleep, the
+    // delay and this stay within the chart's 30 s grace).
+    config.drain_idle = Duration::from_secs(10);
     config.trust_domain = settings.trust_domain.clone();
     config.values_scope = Some(splice_server::server::validate::ValuesScope {
         allowed: settings.values_namespaces.clone(),

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,19 +21,46 @@ const IDLE: u8 = 0;
 const HEAD: u8 = 1;
 const BUSY: u8 = 2;
 
-/// Where a connection is in its request cycle, shared by the I/O wrapper and the service.
-#[derive(Debug, Default)]
-pub(crate) struct RequestPhase(AtomicU8);
+/// Where a connection is in its request cycle, shared by the I/O wrapper and the service, and
+/// since when it has been idle (what the drain asks).
+#[derive(Debug)]
+pub(crate) struct RequestPhase {
+    phase: AtomicU8,
+    origin: Instant,
+    /// Milliseconds from `origin` to the end of the last answer.
+    idle_since: AtomicU64,
+}
+
+impl Default for RequestPhase {
+    fn default() -> Self {
+        RequestPhase {
+            phase: AtomicU8::new(IDLE),
+            origin: Instant::now(),
+            idle_since: AtomicU64::new(0),
+        }
+    }
+}
 
 impl RequestPhase {
     /// hyper parsed a head and called the service: the header deadline no longer applies.
     pub(crate) fn busy(&self) {
-        self.0.store(BUSY, Ordering::Relaxed);
+        self.phase.store(BUSY, Ordering::Relaxed);
     }
 
     /// The service answered; the next bytes start a new request.
     pub(crate) fn idle(&self) {
-        self.0.store(IDLE, Ordering::Relaxed);
+        let since = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.idle_since.store(since, Ordering::Relaxed);
+        self.phase.store(IDLE, Ordering::Relaxed);
+    }
+
+    /// How long the connection has waited for its next request; `None` while one is under way.
+    pub(crate) fn idle_for(&self) -> Option<Duration> {
+        if self.phase.load(Ordering::Relaxed) != IDLE {
+            return None;
+        }
+        let since = Duration::from_millis(self.idle_since.load(Ordering::Relaxed));
+        Some(self.origin.elapsed().saturating_sub(since))
     }
 }
 
@@ -68,7 +95,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for HeaderDeadline<S> {
                 if buf.filled().len() > before
                     && this
                         .phase
-                        .0
+                        .phase
                         .compare_exchange(IDLE, HEAD, Ordering::Relaxed, Ordering::Relaxed)
                         .is_ok()
                 {
@@ -77,7 +104,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for HeaderDeadline<S> {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {
-                if this.phase.0.load(Ordering::Relaxed) == HEAD
+                if this.phase.phase.load(Ordering::Relaxed) == HEAD
                     && this.deadline.as_mut().poll(cx).is_ready()
                 {
                     return Poll::Ready(Err(io::Error::new(

@@ -61,7 +61,15 @@ pub struct WebhookConfig {
     /// keeps them per Service name, whatever the endpoints say) retires each one after its next
     /// request, instead of writing a request into one the drain then closes.
     pub shutdown_delay: Duration,
-    /// How long in-flight requests may take to finish once the listener is closed.
+    /// Once the listener is closed, how long a connection must have waited for its next request
+    /// before the drain closes it. Closing an idle connection races the client writing a request
+    /// into it, which then fails (the API server does not retry a POST); a connection left unused
+    /// this long is one the client's pool rarely picks, and one it does pick meanwhile is answered
+    /// with `Connection: close` and retired by the client itself. Zero closes idle connections at
+    /// once.
+    pub drain_idle: Duration,
+    /// How long in-flight requests may take to finish once the listener is closed; every
+    /// connection still open then is closed.
     pub drain_timeout: Duration,
     /// New connections beyond this are closed at once.
     pub max_connections: usize,
@@ -96,6 +104,7 @@ impl WebhookConfig {
             body_read_timeout: Duration::from_secs(10),
             tls_handshake_timeout: Duration::from_secs(10),
             shutdown_delay: Duration::ZERO,
+            drain_idle: Duration::ZERO,
             drain_timeout: Duration::from_secs(25),
             max_connections: 4096,
             #[cfg(feature = "bench-baselines")]
@@ -168,7 +177,8 @@ impl WebhookServer {
 
     /// Serves `listener` until `shutdown` completes, then: readiness false, `shutdown_delay` of
     /// continued service, listener closed, every connection asked to finish its current request
-    /// and close, and after `drain_timeout` the stragglers are dropped.
+    /// and close (an idle one once it has been idle `drain_idle`), and after `drain_timeout` the
+    /// stragglers are dropped.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -275,9 +285,10 @@ async fn connection(
         Arc::clone(&phase),
         config.header_read_timeout,
     ));
+    let service_phase = Arc::clone(&phase);
     let service = service_fn(move |request| {
         let handler = handler.clone();
-        let phase = Arc::clone(&phase);
+        let phase = Arc::clone(&service_phase);
         let closing = Arc::clone(&closing);
         async move {
             phase.busy();
@@ -301,9 +312,19 @@ async fn connection(
         .header_read_timeout(config.idle_timeout);
     let served = builder.serve_connection(io, service);
     tokio::pin!(served);
+    let linger = config.drain_idle;
     let drained = async move {
         // An error means the server is gone: drain as well.
         let _ = drain.wait_for(|draining| *draining).await;
+        // Every answer now says `Connection: close`, so a request ends the connection anyway.
+        loop {
+            let wait = match phase.idle_for() {
+                Some(idle) if idle >= linger => break,
+                Some(idle) => linger - idle,
+                None => linger.max(Duration::from_millis(10)),
+            };
+            tokio::time::sleep(wait).await;
+        }
     };
     let result = tokio::select! {
         result = served.as_mut() => result,
