@@ -317,6 +317,77 @@ fn cpu_table() {
             full / patch
         );
     }
+    chain_table(&ns, &exclusions);
+}
+
+/// `n` policies as a shared entry serves them: each selects every pod and adds its own one-image
+/// sidecar, as in `make bench-admission`'s splice10 and load rows.
+fn sidecar_policies(n: usize) -> Vec<std::sync::Arc<CompiledPolicy>> {
+    (0..n)
+        .map(|i| {
+            std::sync::Arc::new(compile(&format!(
+                "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: p{i:02}}}\n\
+                 spec:\n  template:\n    containers: [{{name: sidecar-{i}, image: registry.example/s{i}:1}}]\n"
+            )))
+        })
+        .collect()
+}
+
+/// CPU µs of one call serving N policies in one chain (`inject_in_order`, the shared entry's
+/// path), against one policy: the engine's share of the "ten policies cost ≤ 1.5× one" ratio.
+/// "kept" is the webhook's path for the pods of a burst after the first (`inject_in_order_kept`,
+/// the answer kept for an equal request).
+fn chain_table(ns: &NamespaceContext, exclusions: &Exclusions) {
+    let sets = [1, 10, 17].map(sidecar_policies);
+    println!("\nCPU µs per call, N one-sidecar policies in one chain (the shared entry's call):");
+    println!("| pod | 1 | 10 | 17 | 10 / 1 | 10, kept | 17, kept |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, pod) in PODS.iter().take(2) {
+        let req = Req {
+            object: pod,
+            namespace: ns,
+            exclusions,
+        };
+        let best = |f: &mut dyn FnMut()| {
+            (0..5)
+                .filter_map(|_| cpu_us(400, |_| f()))
+                .fold(f64::INFINITY, f64::min)
+        };
+        let mut row = Vec::new();
+        for policies in &sets {
+            let refs: Vec<&CompiledPolicy> = policies.iter().map(|p| &**p).collect();
+            let once = || {
+                let parsed = Pod::parse(req.object).expect("the pod parses");
+                splice_engine::inject_in_order(&refs, &req.request(&parsed))
+            };
+            assert!(once().changed, "the chain injects");
+            row.push(best(&mut || {
+                let _ = std::hint::black_box(once());
+            }));
+        }
+        for policies in &sets[1..] {
+            let held: Vec<&std::sync::Arc<CompiledPolicy>> = policies.iter().collect();
+            let cache = splice_engine::ChainCache::default();
+            row.push(best(&mut || {
+                let parsed = Pod::parse(req.object).expect("the pod parses");
+                let _ = std::hint::black_box(splice_engine::inject_in_order_kept(
+                    &cache,
+                    &held,
+                    &req.request(&parsed),
+                ));
+            }));
+        }
+        println!(
+            "| {name} ({} B) | {:.1} | {:.1} | {:.1} | {:.2}× | {:.1} | {:.1} |",
+            pod.len(),
+            row[0],
+            row[1],
+            row[2],
+            row[1] / row[0],
+            row[3],
+            row[4]
+        );
+    }
 }
 
 /// `ENGINE_CALLS=N`: the warm patch path on the 8.5 KB pod N times and nothing else, for counting

@@ -10,9 +10,12 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use bytes::Bytes;
+use splice_crds::Operation;
+
 use super::facts::PodFacts;
 use super::template::OwnedRendered;
-use super::{Injection, NamespaceContext};
+use super::{CompiledPolicy, Decision, Exclusions, Injection, NamespaceContext, Selection};
 
 // A poisoned lock only means another request panicked mid-insert; the map is still a valid map,
 // so both caches keep using it.
@@ -208,6 +211,136 @@ impl PlanCache {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         read(&self.map).by_hash.values().map(Vec::len).sum()
+    }
+}
+
+/// Bytes of pods kept by a [`ChainCache`] (their text, patches and warnings); past this it
+/// starts over. A burst of one Deployment's pods needs one entry.
+const MAX_CHAIN_BYTES: usize = 2 << 20;
+
+/// Whole answers of shared entries, kept by the exact request: the policies (held, so their
+/// addresses cannot be reused), the operation, the namespace context, the configuration, and the
+/// pod's text. A ReplicaSet's pods reach admission byte for byte alike (`generateName`, no uid)
+/// but for `metadata.managedFields`, whose timestamp moves every second and which no template
+/// reads unless one reads the pod; so that span is left out of the comparison unless a policy
+/// reads the pod. The engine is deterministic, so an equal request gets an equal answer.
+#[derive(Default)]
+pub struct ChainCache {
+    hasher: foldhash::fast::RandomState,
+    map: RwLock<Chains>,
+}
+
+#[derive(Default)]
+struct Chains {
+    by_hash: HashMap<u64, Vec<KeptChain>>,
+    bytes: usize,
+}
+
+pub(crate) struct ChainKey<'r> {
+    pub policies: &'r [&'r Arc<CompiledPolicy>],
+    pub operation: Operation,
+    pub selection: Selection,
+    pub namespace: &'r NamespaceContext,
+    pub exclusions: &'r Exclusions,
+    pub trust_domain: &'r str,
+    /// The pod's text, without the span left out of the comparison.
+    pub object: (&'r str, &'r str),
+}
+
+struct KeptChain {
+    policies: Vec<Arc<CompiledPolicy>>,
+    operation: Operation,
+    selection: Selection,
+    namespace: NamespaceContext,
+    exclusions: Exclusions,
+    trust_domain: String,
+    object: (Box<str>, Box<str>),
+    answer: KeptAnswer,
+}
+
+/// A chain's answer when every policy decided without error (errors are recomputed).
+#[derive(Clone)]
+pub(crate) struct KeptAnswer {
+    pub decisions: Vec<Decision>,
+    pub patch: Bytes,
+    pub changed: bool,
+    pub warnings: Vec<String>,
+}
+
+impl KeptChain {
+    fn is(&self, key: &ChainKey<'_>) -> bool {
+        self.policies.len() == key.policies.len()
+            && self
+                .policies
+                .iter()
+                .zip(key.policies)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.operation == key.operation
+            && self.selection == key.selection
+            && *self.object.0 == *key.object.0
+            && *self.object.1 == *key.object.1
+            && self.namespace == *key.namespace
+            && self.exclusions == *key.exclusions
+            && *self.trust_domain == *key.trust_domain
+    }
+}
+
+impl std::fmt::Debug for ChainCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = read(&self.map);
+        f.debug_struct("ChainCache")
+            .field("chains", &map.by_hash.values().map(Vec::len).sum::<usize>())
+            .field("bytes", &map.bytes)
+            .finish()
+    }
+}
+
+impl ChainCache {
+    fn hash(&self, key: &ChainKey<'_>) -> u64 {
+        let addrs: Vec<usize> = key.policies.iter().map(|p| Arc::as_ptr(p).addr()).collect();
+        self.hasher
+            .hash_one((addrs, &key.namespace.name, key.object.0, key.object.1))
+    }
+
+    pub(crate) fn get(&self, key: &ChainKey<'_>) -> Option<KeptAnswer> {
+        let hash = self.hash(key);
+        let map = read(&self.map);
+        map.by_hash
+            .get(&hash)?
+            .iter()
+            .find(|k| k.is(key))
+            .map(|k| k.answer.clone())
+    }
+
+    pub(crate) fn insert(&self, key: &ChainKey<'_>, answer: KeptAnswer) {
+        let hash = self.hash(key);
+        let size = key.object.0.len()
+            + key.object.1.len()
+            + answer.patch.len()
+            + answer.warnings.iter().map(String::len).sum::<usize>();
+        let mut map = write(&self.map);
+        if map.bytes + size > MAX_CHAIN_BYTES {
+            map.by_hash.clear();
+            map.bytes = 0;
+            if size > MAX_CHAIN_BYTES {
+                return;
+            }
+        }
+        let chains = map.by_hash.entry(hash).or_default();
+        if chains.iter().any(|k| k.is(key)) {
+            return;
+        }
+        chains.push(KeptChain {
+            policies: key.policies.iter().map(|p| Arc::clone(p)).collect(),
+            operation: key.operation,
+            selection: key.selection,
+            namespace: key.namespace.clone(),
+            exclusions: key.exclusions.clone(),
+            trust_domain: key.trust_domain.to_owned(),
+            object: (key.object.0.into(), key.object.1.into()),
+            answer,
+        });
+        map.bytes += size;
     }
 }
 

@@ -5,11 +5,14 @@
 //! it answers. Each policy's own patch is planned by [`crate::inject`] exactly as for a call of its
 //! own, so a policy behaves the same whether it shares a call or not.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use json_patch::{AddOperation, PatchOperation};
 use serde_json::Value;
 use splice_crds::STATUS_ANNOTATION;
 
+use crate::cache::{ChainCache, ChainKey, KeptAnswer};
 use crate::{CompiledPolicy, Decision, EngineError, Pod, PodRequest, inject};
 
 /// What a chain of policies decided for one pod.
@@ -24,6 +27,59 @@ pub struct Chained {
     pub changed: bool,
     /// Every policy's warnings, in order.
     pub warnings: Vec<String>,
+}
+
+/// [`inject_in_order`] as the webhook runs it: a request equal to one answered before gets that
+/// answer from `cache` (see [`ChainCache`] for what "equal" covers). A single policy has caches
+/// of its own; a chain's later policies see a pod the earlier ones annotated, which those caches
+/// never keep, so without this every chain would be planned afresh for each pod of a burst.
+pub fn inject_in_order_kept(
+    cache: &ChainCache,
+    policies: &[&Arc<CompiledPolicy>],
+    request: &PodRequest<'_>,
+) -> Chained {
+    let refs: Vec<&CompiledPolicy> = policies.iter().map(|p| &***p).collect();
+    if refs.len() < 2 {
+        return inject_in_order(&refs, request);
+    }
+    let object = if refs.iter().any(|p| p.reads_pod()) {
+        (request.object.text(), "")
+    } else {
+        request.object.around_managed_fields()
+    };
+    let key = ChainKey {
+        policies,
+        operation: request.operation,
+        selection: request.selection,
+        namespace: request.namespace,
+        exclusions: request.exclusions,
+        trust_domain: request.trust_domain,
+        object,
+    };
+    if let Some(kept) = cache.get(&key) {
+        return Chained {
+            decisions: kept.decisions.into_iter().map(Ok).collect(),
+            patch: kept.patch,
+            changed: kept.changed,
+            warnings: kept.warnings,
+        };
+    }
+    let chained = inject_in_order(&refs, request);
+    let decided: Option<Vec<Decision>> = chained
+        .decisions
+        .iter()
+        .map(|d| d.as_ref().ok().cloned())
+        .collect();
+    if let Some(decisions) = decided {
+        let answer = KeptAnswer {
+            decisions,
+            patch: chained.patch.clone(),
+            changed: chained.changed,
+            warnings: chained.warnings.clone(),
+        };
+        cache.insert(&key, answer);
+    }
+    chained
 }
 
 /// Admits `request.object` through `policies` in the order given.

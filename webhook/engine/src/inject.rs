@@ -81,7 +81,7 @@ pub enum Selection {
 }
 
 /// What the engine decided for one pod.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Decision {
     /// A patch to apply (possibly empty when the pod already carries the current injection).
     Inject(Injection),

@@ -31,7 +31,8 @@ pub mod warnings;
 
 pub(crate) mod wire;
 
-pub use chain::{Chained, inject_in_order};
+pub use cache::ChainCache;
+pub use chain::{Chained, inject_in_order, inject_in_order_kept};
 pub use compile::CompiledPolicy;
 pub use error::{EngineError, PolicyError};
 pub use inject::{

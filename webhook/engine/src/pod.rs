@@ -54,6 +54,34 @@ impl<'a> Pod<'a> {
         self.text
     }
 
+    /// The text before and after the value of `metadata.managedFields`; the whole text and ""
+    /// when there is none (or the value is not shaped like a pod).
+    pub(crate) fn around_managed_fields(&self) -> (&'a str, &'a str) {
+        let whole = (self.text, "");
+        let Some(raw) = self
+            .view
+            .as_ref()
+            .ok()
+            .and_then(|v| v.metadata.as_ref())
+            .and_then(|m| m.managed_fields)
+        else {
+            return whole;
+        };
+        let Some(start) = raw
+            .get()
+            .as_ptr()
+            .addr()
+            .checked_sub(self.text.as_ptr().addr())
+        else {
+            return whole;
+        };
+        let end = start + raw.get().len();
+        match (self.text.get(..start), self.text.get(end..)) {
+            (Some(before), Some(after)) => (before, after),
+            _ => whole,
+        }
+    }
+
     pub(crate) fn view(&self) -> Result<&PodView<'a>, EngineError> {
         self.view
             .as_ref()

@@ -222,6 +222,9 @@ object_view! {
         // Annotation values stay raw: a last-applied-configuration annotation is kilobytes of
         // escaped JSON that the engine never needs to decode.
         annotations: Option<Entries<'a, Raw<'a>>> = "annotations",
+        // Kept raw for its place in the text only: a chain's answer is reused for a pod that
+        // differs from an earlier one in nothing else (see `ChainCache`).
+        managed_fields: Option<Raw<'a>> = "managedFields",
     }
 }
 

@@ -19,7 +19,7 @@ use splice_engine::entry::{
     EntryPath, MAX_MEMBERS, MemberFailure, left_out_warning, member_failure, selection,
 };
 use splice_engine::{
-    CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, SkipReason,
+    ChainCache, CompiledPolicy, Decision, EngineError, NamespaceContext, PodRequest, SkipReason,
 };
 
 /// The `policy` label of requests to `/inject/<name>` for a name no loaded policy has. Request
@@ -63,6 +63,8 @@ struct Inner {
     unknown: Arc<AdmissionMetrics>,
     validate: Arc<AdmissionMetrics>,
     hook: Option<Arc<dyn AdmissionHook>>,
+    /// Answers of shared entries, for the pods of a burst that reach admission alike.
+    chains: ChainCache,
 }
 
 /// The admission request handler. Cheap to clone (one `Arc`).
@@ -134,6 +136,7 @@ impl Handler {
                 unknown,
                 validate,
                 hook,
+                chains: ChainCache::default(),
             }),
         }
     }
@@ -380,8 +383,9 @@ impl Handler {
             // parse_review refuses a pod CREATE/UPDATE without an object; stay total anyway.
             return skip_all(SkipReason::NotAPod);
         };
-        let loaded: Vec<&CompiledPolicy> =
-            members.iter().filter_map(|m| m.policy.as_deref()).collect();
+        let held: Vec<&Arc<CompiledPolicy>> =
+            members.iter().filter_map(|m| m.policy.as_ref()).collect();
+        let loaded: Vec<&CompiledPolicy> = held.iter().map(|p| &***p).collect();
         let reads_metadata = loaded.iter().any(|p| p.reads_namespace_metadata());
         let namespace = self.namespace(reads_metadata, &review.namespace).await;
         let request = PodRequest {
@@ -394,7 +398,7 @@ impl Handler {
         };
         // A bug in the engine must cost one request, answered as an error, not the connection.
         let Ok(chained) = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            splice_engine::inject_in_order(&loaded, &request)
+            splice_engine::inject_in_order_kept(&self.inner.chains, &held, &request)
         })) else {
             tracing::error!(uid = %review.uid, "the injection engine panicked");
             let message = "splice could not compute the injection: internal error";
