@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, Weak};
 
 use bytes::Bytes;
 use splice_crds::Operation;
@@ -214,12 +214,14 @@ impl PlanCache {
     }
 }
 
-/// Bytes of pods kept by a [`ChainCache`] (their text, patches and warnings); past this it
-/// starts over. A burst of one Deployment's pods needs one entry.
+/// Bytes of pods kept by a [`ChainCache`] (their text, patches and warnings), and answers kept;
+/// past either it starts over. A burst of one Deployment's pods needs one entry.
 const MAX_CHAIN_BYTES: usize = 2 << 20;
+const MAX_CHAINS: usize = 256;
 
-/// Whole answers of shared entries, kept by the exact request: the policies (held, so their
-/// addresses cannot be reused), the operation, the namespace context, the configuration, and the
+/// Whole answers of shared entries, kept by the exact request: the policies (by address, held
+/// weakly: the address cannot be reused while the entry lives, and a replaced policy's caches are
+/// freed all the same), the operation, the namespace context, the configuration, and the
 /// pod's text. A ReplicaSet's pods reach admission byte for byte alike (`generateName`, no uid)
 /// but for `metadata.managedFields`, whose timestamp moves every second and which no template
 /// reads unless one reads the pod; so that span is left out of the comparison unless a policy
@@ -234,6 +236,7 @@ pub struct ChainCache {
 struct Chains {
     by_hash: HashMap<u64, Vec<KeptChain>>,
     bytes: usize,
+    count: usize,
 }
 
 pub(crate) struct ChainKey<'r> {
@@ -248,7 +251,7 @@ pub(crate) struct ChainKey<'r> {
 }
 
 struct KeptChain {
-    policies: Vec<Arc<CompiledPolicy>>,
+    policies: Vec<Weak<CompiledPolicy>>,
     operation: Operation,
     selection: Selection,
     namespace: NamespaceContext,
@@ -274,7 +277,7 @@ impl KeptChain {
                 .policies
                 .iter()
                 .zip(key.policies)
-                .all(|(a, b)| Arc::ptr_eq(a, b))
+                .all(|(a, b)| std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)))
             && self.operation == key.operation
             && self.selection == key.selection
             && *self.object.0 == *key.object.0
@@ -319,8 +322,9 @@ impl ChainCache {
             + answer.patch.len()
             + answer.warnings.iter().map(String::len).sum::<usize>();
         let mut map = write(&self.map);
-        if map.bytes + size > MAX_CHAIN_BYTES {
+        if map.bytes + size > MAX_CHAIN_BYTES || map.count >= MAX_CHAINS {
             map.by_hash.clear();
+            map.count = 0;
             map.bytes = 0;
             if size > MAX_CHAIN_BYTES {
                 return;
@@ -331,7 +335,7 @@ impl ChainCache {
             return;
         }
         chains.push(KeptChain {
-            policies: key.policies.iter().map(|p| Arc::clone(p)).collect(),
+            policies: key.policies.iter().map(|p| Arc::downgrade(p)).collect(),
             operation: key.operation,
             selection: key.selection,
             namespace: key.namespace.clone(),
@@ -341,6 +345,7 @@ impl ChainCache {
             answer,
         });
         map.bytes += size;
+        map.count += 1;
     }
 }
 

@@ -176,3 +176,17 @@ fn a_failed_chain_is_not_kept() {
     assert!(!same(&first, &again));
     assert!(again.decisions[0].is_err());
 }
+
+#[test]
+fn a_kept_answer_does_not_keep_a_replaced_policy_alive() {
+    let (a, b) = (sidecar("a-mesh"), sidecar("b-logs"));
+    let cache = ChainCache::default();
+    let text = pod("2026-12-07T10:00:00Z", json!({"app": "web"}));
+    run(Some(&cache), &[&a, &b], &text, &ns("shop"));
+    let watched = Arc::downgrade(&a);
+    drop(a);
+    assert!(
+        watched.upgrade().is_none(),
+        "the cache holds the policy (and its caches)"
+    );
+}
