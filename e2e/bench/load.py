@@ -10,8 +10,9 @@ Rust generator e2e/src/bin/admission_load.rs, into
   agnhost   namespace load-agnhost, served by the agnhost pod behind its Service (admission.sh's
             agnhost-cluster arm), failurePolicy Fail, one sidecar.
 Per row: latency, errors, timeouts, the API server's calls to Splice's webhooks per create (its
-apiserver_admission_webhook_admission_duration_seconds_count, type admit), Splice's CPU seconds
-per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS. Then a
+apiserver_admission_webhook_admission_duration_seconds_count, type admit) and its mean measure
+of one call (to Splice's webhooks, or agnhost's in the agnhost rows), Splice's CPU seconds
+per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS. Then
 fault rows (--faults, default 3): each a splice17 load at 32 clients during which one Splice pod
 is deleted after 2 s, started once both replicas are Ready again.
 """
@@ -33,6 +34,7 @@ GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
 SPLICE_NS = "splice-cluster"
 NS_SPLICE, NS_AGNHOST = "load-splice", "load-agnhost"
 MANAGED = "app.kubernetes.io/managed-by=splice"
+AGNHOST_WEBHOOK = "bench-load-agnhost.bench.splice.dev"  # plain_webhook names it so
 
 
 def policies():
@@ -78,7 +80,7 @@ def setup(api, agnhost_ns, agnhost_ca):
     with open(agnhost_ca, "rb") as f:
         bundle = base64.b64encode(f.read()).decode()
     try:
-        plain_webhook(api, "bench-load-agnhost",
+        plain_webhook(api, AGNHOST_WEBHOOK.split(".")[0],
                       {"namespace": agnhost_ns, "name": "agnhost",
                        "path": "/mutating-pods-sidecar", "port": 443},
                       bundle, NS_AGNHOST)
@@ -139,15 +141,25 @@ def splice_webhooks(api):
 
 
 def webhook_counts(api):
-    """Calls by webhook name (type admit) since the API server started."""
+    """(calls, seconds) by webhook name (type admit) since the API server started: the seconds
+    are the API server's own measure of each call, round trip included."""
     _, text = api.call("GET", "/metrics")
     out = {}
     for line in text.decode().splitlines():
-        if (line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{")
-                and 'type="admit"' in line):
-            name = re.search(r'name="([^"]*)"', line).group(1)
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        for part, i in (("_count{", 0), ("_sum{", 1)):
+            if (line.startswith("apiserver_admission_webhook_admission_duration_seconds" + part)
+                    and 'type="admit"' in line):
+                name = re.search(r'name="([^"]*)"', line).group(1)
+                got = out.setdefault(name, [0.0, 0.0])
+                got[i] += float(line.rsplit(" ", 1)[1])
     return out
+
+
+def mean_call_ms(before, after, names):
+    """The mean call of `names` between two webhook_counts, in ms."""
+    calls = sum(after.get(n, [0, 0])[0] - before.get(n, [0, 0])[0] for n in names)
+    seconds = sum(after.get(n, [0, 0])[1] - before.get(n, [0, 0])[1] for n in names)
+    return seconds / calls * 1000 if calls else None
 
 
 def splice_pids(kubectl):
@@ -245,9 +257,11 @@ def row(api, args, label, ns, clients, expect, fault=False):
     r = json.loads(out)
     after_calls, after_cpu = webhook_counts(api), cpu_seconds(pids)
     creates_seen = args.creates + warmup  # the warm-up goes through the same webhooks
-    calls = sum(after_calls.get(n, 0) - before_calls.get(n, 0) for n in names)
+    calls = sum(after_calls.get(n, [0, 0])[0] - before_calls.get(n, [0, 0])[0] for n in names)
+    called = names if ns == NS_SPLICE else {AGNHOST_WEBHOOK}
     rss, hwm = memory_mib(splice_pids(args.kubectl))
     r.update(label=label, calls_per_create=calls / creates_seen if ns == NS_SPLICE else None,
+             call_ms=mean_call_ms(before_calls, after_calls, called),
              cpu_per_1000=None if fault else (after_cpu - before_cpu) / creates_seen * 1000,
              rss_mib=rss, hwm_mib=hwm, deleted=deleted, splice_pids=len(pids))
     print(f"bench: load {label}: {json.dumps(r)}", file=sys.stderr, flush=True)
@@ -288,13 +302,14 @@ def main():
         return "–" if v is None else format(v, fmt)
 
     lines = ["| row | clients | creates | p50 ms | p99 ms | max ms | errors | timeouts | "
-             "calls/create | Splice CPU s/1000 | Splice RSS MiB (HWM) | creates/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "calls/create | mean call ms | Splice CPU s/1000 | Splice RSS MiB (HWM) | creates/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['clients']} | {r['n']} | {r['p50_ms']:.1f} | "
             f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['errors']} | {r['timeouts']} | "
-            f"{f(r['calls_per_create'], '.2f')} | {f(r['cpu_per_1000'], '.2f')} | "
+            f"{f(r['calls_per_create'], '.2f')} | {f(r['call_ms'], '.2f')} | "
+            f"{f(r['cpu_per_1000'], '.2f')} | "
             f"{r['rss_mib']:.1f} ({r['hwm_mib']:.1f}) | {r['creates_per_s']:.0f} |")
     lines.append("")
     lines.append(
