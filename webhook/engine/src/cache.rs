@@ -221,11 +221,15 @@ const MAX_CHAINS: usize = 256;
 
 /// Whole answers of shared entries, kept by the exact request: the policies (by address, held
 /// weakly: the address cannot be reused while the entry lives, and a replaced policy's caches are
-/// freed all the same), the operation, the namespace context, the configuration, and the
-/// pod's text. A ReplicaSet's pods reach admission byte for byte alike (`generateName`, no uid)
-/// but for `metadata.managedFields`, whose timestamp moves every second and which no template
-/// reads unless one reads the pod; so that span is left out of the comparison unless a policy
-/// reads the pod. The engine is deterministic, so an equal request gets an equal answer.
+/// freed all the same), the operation, the namespace context, the configuration, and the pod's
+/// text. Two pods of one ReplicaSet reach admission alike (`generateName`, no uid) but for two
+/// things, which the comparison leaves out unless a policy reads the pod:
+/// `metadata.managedFields`, whose timestamp moves every second and which the engine never
+/// reads; and the name of the token volume the ServiceAccount plugin adds
+/// (`kube-api-access-<random>`), which the engine reads only to mount it into the containers it
+/// injects. So pods that differ only in that name share an answer, with the name replaced in
+/// it (unless a policy's spec or data itself holds `kube-api-access-`). The engine is
+/// deterministic and treats the name as opaque, so the answer is the one it would plan.
 #[derive(Default)]
 pub struct ChainCache {
     hasher: foldhash::fast::RandomState,
@@ -246,8 +250,10 @@ pub(crate) struct ChainKey<'r> {
     pub namespace: &'r NamespaceContext,
     pub exclusions: &'r Exclusions,
     pub trust_domain: &'r str,
-    /// The pod's text, without the span left out of the comparison.
-    pub object: (&'r str, &'r str),
+    /// The pod's text, without what is left out of the comparison.
+    pub object: &'r str,
+    /// The pod's token volume when its name is left out of `object`.
+    pub token: Option<&'r str>,
 }
 
 struct KeptChain {
@@ -257,7 +263,8 @@ struct KeptChain {
     namespace: NamespaceContext,
     exclusions: Exclusions,
     trust_domain: String,
-    object: (Box<str>, Box<str>),
+    object: Box<str>,
+    token: Option<Box<str>>,
     answer: KeptAnswer,
 }
 
@@ -270,6 +277,34 @@ pub(crate) struct KeptAnswer {
     pub warnings: Vec<String>,
 }
 
+impl KeptAnswer {
+    /// The answer for a pod whose token volume is `now` where this one's was `was`.
+    fn renamed(&self, was: &str, now: &str) -> KeptAnswer {
+        let bytes = |b: &Bytes| match std::str::from_utf8(b) {
+            Ok(text) => Bytes::from(text.replace(was, now)),
+            Err(_) => b.clone(),
+        };
+        let strings = |v: &[String]| v.iter().map(|s| s.replace(was, now)).collect();
+        KeptAnswer {
+            decisions: self
+                .decisions
+                .iter()
+                .map(|d| match d {
+                    Decision::Inject(i) => Decision::Inject(Injection {
+                        patch: bytes(&i.patch),
+                        changed: i.changed,
+                        warnings: strings(&i.warnings),
+                    }),
+                    other => other.clone(),
+                })
+                .collect(),
+            patch: bytes(&self.patch),
+            changed: self.changed,
+            warnings: strings(&self.warnings),
+        }
+    }
+}
+
 impl KeptChain {
     fn is(&self, key: &ChainKey<'_>) -> bool {
         self.policies.len() == key.policies.len()
@@ -280,8 +315,8 @@ impl KeptChain {
                 .all(|(a, b)| std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)))
             && self.operation == key.operation
             && self.selection == key.selection
-            && *self.object.0 == *key.object.0
-            && *self.object.1 == *key.object.1
+            && *self.object == *key.object
+            && self.token.is_some() == key.token.is_some()
             && self.namespace == *key.namespace
             && self.exclusions == *key.exclusions
             && *self.trust_domain == *key.trust_domain
@@ -302,23 +337,23 @@ impl ChainCache {
     fn hash(&self, key: &ChainKey<'_>) -> u64 {
         let addrs: Vec<usize> = key.policies.iter().map(|p| Arc::as_ptr(p).addr()).collect();
         self.hasher
-            .hash_one((addrs, &key.namespace.name, key.object.0, key.object.1))
+            .hash_one((addrs, &key.namespace.name, key.object))
     }
 
     pub(crate) fn get(&self, key: &ChainKey<'_>) -> Option<KeptAnswer> {
         let hash = self.hash(key);
         let map = read(&self.map);
-        map.by_hash
-            .get(&hash)?
-            .iter()
-            .find(|k| k.is(key))
-            .map(|k| k.answer.clone())
+        map.by_hash.get(&hash)?.iter().find(|k| k.is(key)).map(|k| {
+            match (k.token.as_deref(), key.token) {
+                (Some(was), Some(now)) if was != now => k.answer.renamed(was, now),
+                _ => k.answer.clone(),
+            }
+        })
     }
 
     pub(crate) fn insert(&self, key: &ChainKey<'_>, answer: KeptAnswer) {
         let hash = self.hash(key);
-        let size = key.object.0.len()
-            + key.object.1.len()
+        let size = key.object.len()
             + answer.patch.len()
             + answer.warnings.iter().map(String::len).sum::<usize>();
         let mut map = write(&self.map);
@@ -341,7 +376,8 @@ impl ChainCache {
             namespace: key.namespace.clone(),
             exclusions: key.exclusions.clone(),
             trust_domain: key.trust_domain.to_owned(),
-            object: (key.object.0.into(), key.object.1.into()),
+            object: key.object.into(),
+            token: key.token.map(Into::into),
             answer,
         });
         map.bytes += size;

@@ -5,6 +5,7 @@
 //! it answers. Each policy's own patch is planned by [`crate::inject`] exactly as for a call of its
 //! own, so a policy behaves the same whether it shares a call or not.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -42,10 +43,18 @@ pub fn inject_in_order_kept(
     if refs.len() < 2 {
         return inject_in_order(&refs, request);
     }
-    let object = if refs.iter().any(|p| p.reads_pod()) {
-        (request.object.text(), "")
+    let exact = refs.iter().any(|p| p.reads_pod());
+    let (object, token) = if exact {
+        (Cow::Borrowed(request.object.text()), None)
     } else {
-        request.object.around_managed_fields()
+        let (before, after) = request.object.around_managed_fields();
+        let text = [before, after].concat();
+        match request.object.token_volume() {
+            Some(token) if !refs.iter().any(|p| p.names_token_volumes) => {
+                (Cow::Owned(text.replace(token, TOKEN_MASK)), Some(token))
+            }
+            _ => (Cow::Owned(text), None),
+        }
     };
     let key = ChainKey {
         policies,
@@ -54,7 +63,8 @@ pub fn inject_in_order_kept(
         namespace: request.namespace,
         exclusions: request.exclusions,
         trust_domain: request.trust_domain,
-        object,
+        object: &object,
+        token,
     };
     if let Some(kept) = cache.get(&key) {
         return Chained {
@@ -81,6 +91,10 @@ pub fn inject_in_order_kept(
     }
     chained
 }
+
+/// Where a pod's token volume name stood, in the text a [`ChainCache`] compares: no volume
+/// name holds `*`.
+const TOKEN_MASK: &str = "kube-api-access-*";
 
 /// Admits `request.object` through `policies` in the order given.
 pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -> Chained {

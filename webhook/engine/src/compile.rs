@@ -38,7 +38,14 @@ pub struct CompiledPolicy {
     pub(crate) data: BTreeMap<String, String>,
     /// `spec.overrides`, compiled.
     pub(crate) overrides: Overrides,
+    /// The spec or its `valuesFrom` data holds `kube-api-access-`: its output may depend on the
+    /// name of a pod's token volume beyond the token mount (see `cache::ChainCache`).
+    pub(crate) names_token_volumes: bool,
 }
+
+/// How the API server's ServiceAccount plugin names the token volume it adds to a pod
+/// (`kube-api-access-<5 random characters>`).
+pub(crate) const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 
 /// The most renderings of one string Pod Security judges; past it, the string counts as set at
 /// admission (privileged).
@@ -245,6 +252,9 @@ impl CompiledPolicy {
             warnings,
             data: data.map(|d| d.digests.clone()).unwrap_or_default(),
             overrides,
+            names_token_volumes: serde_json::to_string(spec)
+                .map_or(true, |s| s.contains(TOKEN_VOLUME_PREFIX))
+                || data.is_some_and(|d| d.values.values().any(|v| v.contains(TOKEN_VOLUME_PREFIX))),
         })
     }
     /// The strictest Pod Security level the injected content satisfies, and why no stricter one.

@@ -445,7 +445,7 @@ fn token_volume<'x>(spec: Option<&'x SpecFacts<'x>>) -> Option<&'x str> {
         .as_deref()?
         .iter()
         .map(AsRef::as_ref)
-        .find(|v: &&str| v.starts_with("kube-api-access-"))
+        .find(|v: &&str| v.starts_with(crate::compile::TOKEN_VOLUME_PREFIX))
 }
 
 /// Injected containers and init containers get the token mount the ServiceAccount plugin gives

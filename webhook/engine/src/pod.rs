@@ -54,6 +54,22 @@ impl<'a> Pod<'a> {
         self.text
     }
 
+    /// The name of the token volume the ServiceAccount plugin added (the first
+    /// `kube-api-access-*`, as the planner takes it).
+    pub(crate) fn token_volume(&self) -> Option<&str> {
+        self.view
+            .as_ref()
+            .ok()?
+            .spec
+            .as_ref()?
+            .volumes
+            .as_ref()?
+            .0
+            .iter()
+            .map(|v| v.name())
+            .find(|n| n.starts_with(crate::compile::TOKEN_VOLUME_PREFIX))
+    }
+
     /// The text before and after the value of `metadata.managedFields`; the whole text and ""
     /// when there is none (or the value is not shaped like a pod).
     pub(crate) fn around_managed_fields(&self) -> (&'a str, &'a str) {

@@ -190,3 +190,72 @@ fn a_kept_answer_does_not_keep_a_replaced_policy_alive() {
         "the cache holds the policy (and its caches)"
     );
 }
+
+/// A pod as the API server hands it to webhooks: the ServiceAccount plugin's token volume, named
+/// `kube-api-access-<suffix>`, mounted into its container.
+fn pod_with_token(suffix: &str) -> String {
+    let token = format!("kube-api-access-{suffix}");
+    serde_json::to_string(&json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "web-", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {
+            "serviceAccountName": "default",
+            "containers": [{"name": "app", "image": "app:1", "volumeMounts": [
+                {"name": token, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                 "readOnly": true}]}],
+            "volumes": [{"name": token, "projected": {"sources": [{"serviceAccountToken":
+                {"path": "token", "expirationSeconds": 3607}}]}}]
+        }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn pods_differing_only_in_their_token_volume_share_an_answer_with_the_name_replaced() {
+    let (a, b) = (sidecar("a-mesh"), sidecar("b-logs"));
+    let cache = ChainCache::default();
+    let shop = ns("shop");
+    let first = run(Some(&cache), &[&a, &b], &pod_with_token("abcde"), &shop);
+    assert!(String::from_utf8_lossy(&first.patch).contains("kube-api-access-abcde"));
+    let second_pod = pod_with_token("vwxyz");
+    let kept = run(Some(&cache), &[&a, &b], &second_pod, &shop);
+    let fresh = run(None, &[&a, &b], &second_pod, &shop);
+    assert_eq!(
+        kept.patch, fresh.patch,
+        "the kept answer is the one the chain plans"
+    );
+    assert_eq!(kept.warnings, fresh.warnings);
+    let text = String::from_utf8_lossy(&kept.patch);
+    assert!(
+        text.contains("kube-api-access-vwxyz") && !text.contains("abcde"),
+        "{text}"
+    );
+    // The same pod again: the answer kept for it, as it was.
+    let again = run(Some(&cache), &[&a, &b], &pod_with_token("abcde"), &shop);
+    assert!(same(&first, &again));
+}
+
+#[test]
+fn a_policy_whose_spec_names_a_token_volume_gets_no_answer_planned_for_another_token() {
+    // The template mounts the first pod's token volume by name: for that pod it is the pod's
+    // own volume, for the second one a volume the pod lacks. Each gets what the chain plans.
+    let named_mount = named(
+        "a-mesh",
+        "  template:\n    containers: [{name: a-mesh, image: 'mesh:1', volumeMounts: \
+         [{name: kube-api-access-abcde, mountPath: /token}]}]",
+    );
+    let b = sidecar("b-logs");
+    let cache = ChainCache::default();
+    let shop = ns("shop");
+    run(
+        Some(&cache),
+        &[&named_mount, &b],
+        &pod_with_token("abcde"),
+        &shop,
+    );
+    let second_pod = pod_with_token("vwxyz");
+    let kept = run(Some(&cache), &[&named_mount, &b], &second_pod, &shop);
+    let fresh = run(None, &[&named_mount, &b], &second_pod, &shop);
+    assert_eq!(kept.patch, fresh.patch);
+    assert_eq!(kept.decisions.len(), fresh.decisions.len());
+}
