@@ -146,6 +146,8 @@ struct Plan {
     /// another rendering while the entry lives.
     rendering: Arc<OwnedRendered>,
     facts: PodFacts<'static>,
+    /// The pod's token volume, when its name was masked in `facts`.
+    token: Option<Box<str>>,
     injection: Injection,
 }
 
@@ -164,21 +166,33 @@ impl PlanCache {
         self.hasher.hash_one((Arc::as_ptr(rendering).addr(), facts))
     }
 
-    /// A copy of the injection kept for `facts` planned with `rendering`.
-    pub fn get(&self, rendering: &Arc<OwnedRendered>, facts: &PodFacts<'_>) -> Option<Injection> {
+    /// A copy of the injection kept for `facts` planned with `rendering`. `token` is the pod's
+    /// token volume when `facts` has its name masked: every pod the API server admits has one of
+    /// its own (`kube-api-access-<random>`), which the planner only mounts, so a plan kept for
+    /// another pod is this pod's with the name put back.
+    pub fn get(
+        &self,
+        rendering: &Arc<OwnedRendered>,
+        facts: &PodFacts<'_>,
+        token: Option<&str>,
+    ) -> Option<Injection> {
         let hash = self.hash(rendering, facts);
         let map = read(&self.map);
         map.by_hash
             .get(&hash)?
             .iter()
             .find(|p| Arc::ptr_eq(&p.rendering, rendering) && p.facts == *facts)
-            .map(|p| p.injection.clone())
+            .map(|p| match (p.token.as_deref(), token) {
+                (Some(was), Some(now)) if was != now => renamed(&p.injection, was, now),
+                _ => p.injection.clone(),
+            })
     }
 
     pub fn insert(
         &self,
         rendering: &Arc<OwnedRendered>,
         facts: PodFacts<'_>,
+        token: Option<&str>,
         injection: &Injection,
     ) {
         let hash = self.hash(rendering, &facts);
@@ -202,6 +216,7 @@ impl PlanCache {
         plans.push(Plan {
             rendering: Arc::clone(rendering),
             facts: facts.into_owned(),
+            token: token.map(Into::into),
             injection: injection.clone(),
         });
         map.bytes += size;
@@ -277,30 +292,46 @@ pub(crate) struct KeptAnswer {
     pub warnings: Vec<String>,
 }
 
+/// `injection` for a pod whose token volume is `now` where the planned one's was `was`.
+fn renamed(injection: &Injection, was: &str, now: &str) -> Injection {
+    Injection {
+        patch: match std::str::from_utf8(&injection.patch) {
+            Ok(text) => Bytes::from(text.replace(was, now)),
+            Err(_) => injection.patch.clone(),
+        },
+        changed: injection.changed,
+        warnings: injection
+            .warnings
+            .iter()
+            .map(|w| w.replace(was, now))
+            .collect(),
+    }
+}
+
 impl KeptAnswer {
     /// The answer for a pod whose token volume is `now` where this one's was `was`.
     fn renamed(&self, was: &str, now: &str) -> KeptAnswer {
-        let bytes = |b: &Bytes| match std::str::from_utf8(b) {
-            Ok(text) => Bytes::from(text.replace(was, now)),
-            Err(_) => b.clone(),
-        };
-        let strings = |v: &[String]| v.iter().map(|s| s.replace(was, now)).collect();
+        let whole = renamed(
+            &Injection {
+                patch: self.patch.clone(),
+                changed: self.changed,
+                warnings: self.warnings.clone(),
+            },
+            was,
+            now,
+        );
         KeptAnswer {
             decisions: self
                 .decisions
                 .iter()
                 .map(|d| match d {
-                    Decision::Inject(i) => Decision::Inject(Injection {
-                        patch: bytes(&i.patch),
-                        changed: i.changed,
-                        warnings: strings(&i.warnings),
-                    }),
+                    Decision::Inject(i) => Decision::Inject(renamed(i, was, now)),
                     other => other.clone(),
                 })
                 .collect(),
-            patch: bytes(&self.patch),
-            changed: self.changed,
-            warnings: strings(&self.warnings),
+            patch: whole.patch,
+            changed: whole.changed,
+            warnings: whole.warnings,
         }
     }
 }
@@ -462,14 +493,14 @@ mod tests {
     fn a_kept_patch_is_found_by_its_rendering_and_facts_only() {
         let cache = PlanCache::default();
         let (r1, r2) = (Arc::new(Rendered::default()), Arc::new(Rendered::default()));
-        cache.insert(&r1, facts(&["A"]), &injection(10));
+        cache.insert(&r1, facts(&["A"]), None, &injection(10));
         assert_eq!(
-            cache.get(&r1, &facts(&["A"])).map(|i| i.patch.len()),
+            cache.get(&r1, &facts(&["A"]), None).map(|i| i.patch.len()),
             Some(10)
         );
-        assert!(cache.get(&r1, &facts(&["B"])).is_none());
-        assert!(cache.get(&r1, &facts(&["A", "B"])).is_none());
-        assert!(cache.get(&r2, &facts(&["A"])).is_none());
+        assert!(cache.get(&r1, &facts(&["B"]), None).is_none());
+        assert!(cache.get(&r1, &facts(&["A", "B"]), None).is_none());
+        assert!(cache.get(&r2, &facts(&["A"]), None).is_none());
     }
 
     #[test]
@@ -481,13 +512,13 @@ mod tests {
             .map(|i| &*Box::leak(format!("V{i}").into_boxed_str()))
             .collect();
         for name in &names {
-            cache.insert(&r, facts(&[name]), &injection(big));
+            cache.insert(&r, facts(&[name]), None, &injection(big));
             let held = cache.map.read().unwrap().bytes;
             assert!(held <= MAX_PLAN_BYTES, "{held} bytes held");
         }
         assert!(cache.len() < 20);
-        cache.insert(&r, facts(&["BIG"]), &injection(MAX_PLAN_BYTES));
-        assert!(cache.get(&r, &facts(&["BIG"])).is_none());
+        cache.insert(&r, facts(&["BIG"]), None, &injection(MAX_PLAN_BYTES));
+        assert!(cache.get(&r, &facts(&["BIG"]), None).is_none());
     }
 
     #[test]
@@ -499,7 +530,7 @@ mod tests {
             .collect();
         let f = facts(&many);
         let at_least = many.iter().map(|n| n.len()).sum::<usize>();
-        cache.insert(&r, f, &injection(1));
+        cache.insert(&r, f, None, &injection(1));
         assert!(cache.map.read().unwrap().bytes > at_least);
     }
 

@@ -51,7 +51,8 @@ pub fn inject_in_order_kept(
         let text = [before, after].concat();
         match request.object.token_volume() {
             Some(token) if !refs.iter().any(|p| p.names_token_volumes) => {
-                (Cow::Owned(text.replace(token, TOKEN_MASK)), Some(token))
+                let masked = text.replace(token, crate::compile::TOKEN_MASK);
+                (Cow::Owned(masked), Some(token))
             }
             _ => (Cow::Owned(text), None),
         }
@@ -91,10 +92,6 @@ pub fn inject_in_order_kept(
     }
     chained
 }
-
-/// Where a pod's token volume name stood, in the text a [`ChainCache`] compares: no volume
-/// name holds `*`.
-const TOKEN_MASK: &str = "kube-api-access-*";
 
 /// Admits `request.object` through `policies` in the order given.
 pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -> Chained {

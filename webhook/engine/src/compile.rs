@@ -47,6 +47,9 @@ pub struct CompiledPolicy {
 /// (`kube-api-access-<5 random characters>`).
 pub(crate) const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 
+/// Where a pod's token volume name stood, in what the caches compare: no volume name holds `*`.
+pub(crate) const TOKEN_MASK: &str = "kube-api-access-*";
+
 /// The most renderings of one string Pod Security judges; past it, the string counts as set at
 /// admission (privileged).
 const MAX_VARIANTS: usize = 64;

@@ -110,6 +110,18 @@ pub(crate) struct ContainerFacts<'a> {
 }
 
 impl<'a> PodFacts<'a> {
+    /// These facts with the volume `name` called `mask` (a kept plan's key: see
+    /// [`super::cache::PlanCache`]).
+    pub fn with_volume_masked(&self, name: &str, mask: &'static str) -> PodFacts<'a> {
+        let mut out = self.clone();
+        if let Some(volumes) = out.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
+            for v in volumes.iter_mut().filter(|v| v.as_ref() == name) {
+                *v = Cow::Borrowed(mask);
+            }
+        }
+        out
+    }
+
     /// The facts of `view` for an admission of `operation`, with the labels and annotations of
     /// the keys given (the planner says which: [`super::plan::facts`]).
     pub fn read(

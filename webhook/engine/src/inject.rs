@@ -1,6 +1,7 @@
 //! One admission of one pod: what the request holds, what the engine decides and the patch it
 //! plans ([`inject`]), and the mutated object offline ([`inject_and_apply`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
@@ -267,8 +268,15 @@ fn run(
         Some(rendering) if !want_object && !status.annotated => Some(rendering),
         _ => None,
     };
+    let token = kept
+        .filter(|_| !policy.names_token_volumes)
+        .and_then(|_| plan::token_volume(facts.spec.as_ref()));
+    let key = match token {
+        Some(name) => Cow::Owned(facts.with_volume_masked(name, crate::compile::TOKEN_MASK)),
+        None => Cow::Borrowed(&facts),
+    };
     if let Some(rendering) = kept
-        && let Some(injection) = policy.plan_cache.get(rendering, &facts)
+        && let Some(injection) = policy.plan_cache.get(rendering, &key, token)
     {
         return Ok((Decision::Inject(injection), None));
     }
@@ -312,7 +320,9 @@ fn run(
         warnings: plan.warnings,
     };
     if let Some(rendering) = kept {
-        policy.plan_cache.insert(rendering, facts, &injection);
+        policy
+            .plan_cache
+            .insert(rendering, key.into_owned(), token, &injection);
     }
     Ok((Decision::Inject(injection), object))
 }
@@ -563,6 +573,52 @@ mod tests {
         let b = patch(&policy, &own);
         assert_eq!(policy.plan_cache.len(), 2);
         assert_ne!(a.patch, b.patch);
+    }
+
+    /// `pod` (the 8 KB fixture, which has the ServiceAccount plugin's token volume
+    /// `kube-api-access-x7k2p` mounted into its containers) with that volume named
+    /// `kube-api-access-<suffix>`, as the API server names it anew for every pod.
+    fn with_token(pod: &serde_json::Value, suffix: &str) -> serde_json::Value {
+        let text = pod.to_string();
+        assert!(
+            text.contains("kube-api-access-x7k2p"),
+            "the fixture changed"
+        );
+        serde_json::from_str(&text.replace("x7k2p", suffix)).unwrap()
+    }
+
+    #[test]
+    fn pods_differing_only_in_their_token_volume_share_a_kept_patch_with_their_own_name() {
+        let policy = sidecar();
+        let base: serde_json::Value = serde_json::from_str(POD).unwrap();
+        let a = patch(&policy, &with_token(&base, "abcde"));
+        assert!(String::from_utf8_lossy(&a.patch).contains("kube-api-access-abcde"));
+        let second = with_token(&base, "vwxyz");
+        let b = patch(&policy, &second);
+        assert_eq!(
+            policy.plan_cache.len(),
+            1,
+            "the second pod was planned again"
+        );
+        let fresh = patch(&sidecar(), &second);
+        assert_eq!((&b.patch, &b.warnings), (&fresh.patch, &fresh.warnings));
+        assert!(!String::from_utf8_lossy(&b.patch).contains("abcde"));
+    }
+
+    #[test]
+    fn a_policy_naming_a_token_volume_keeps_a_plan_per_token_name() {
+        let mut p: InjectionPolicy =
+            serde_yaml::from_str(include_str!("../../testdata/policy-sidecar.yaml")).unwrap();
+        p.spec
+            .template
+            .annotations
+            .insert("mesh.example/token".into(), "kube-api-access-x".into());
+        let named = CompiledPolicy::compile("mesh-proxy", 3, &p.spec).unwrap();
+        assert!(named.names_token_volumes);
+        let base: serde_json::Value = serde_json::from_str(POD).unwrap();
+        patch(&named, &with_token(&base, "abcde"));
+        patch(&named, &with_token(&base, "vwxyz"));
+        assert_eq!(named.plan_cache.len(), 2);
     }
 
     #[test]

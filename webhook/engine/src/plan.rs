@@ -439,7 +439,7 @@ pub(crate) fn plan<'x>(input: PlanInput<'x>) -> Result<Plan<'x>, EngineError> {
 
 /// The pod's ServiceAccount token volume, as the API server's ServiceAccount plugin names it
 /// (`kube-api-access-<suffix>`; the first one, as the plugin takes it).
-fn token_volume<'x>(spec: Option<&'x SpecFacts<'x>>) -> Option<&'x str> {
+pub(crate) fn token_volume<'x>(spec: Option<&'x SpecFacts<'x>>) -> Option<&'x str> {
     spec?
         .volumes
         .as_deref()?
