@@ -182,10 +182,7 @@ impl PlanCache {
             .get(&hash)?
             .iter()
             .find(|p| Arc::ptr_eq(&p.rendering, rendering) && p.facts == *facts)
-            .map(|p| match (p.token.as_deref(), token) {
-                (Some(was), Some(now)) if was != now => renamed(&p.injection, was, now),
-                _ => p.injection.clone(),
-            })
+            .map(|p| for_token(&p.injection, p.token.as_deref(), token, renamed))
     }
 
     pub fn insert(
@@ -283,13 +280,12 @@ struct KeptChain {
     answer: KeptAnswer,
 }
 
-/// A chain's answer when every policy decided without error (errors are recomputed).
+/// A chain's answer when every policy decided without error (errors are recomputed): each
+/// policy's decision, and the whole call's patch and warnings.
 #[derive(Clone)]
 pub(crate) struct KeptAnswer {
     pub decisions: Vec<Decision>,
-    pub patch: Bytes,
-    pub changed: bool,
-    pub warnings: Vec<String>,
+    pub whole: Injection,
 }
 
 /// `injection` for a pod whose token volume is `now` where the planned one's was `was`.
@@ -308,18 +304,23 @@ fn renamed(injection: &Injection, was: &str, now: &str) -> Injection {
     }
 }
 
+/// What was kept for a pod whose token volume was `was`, for one whose token volume is `now`
+/// (both masked in the key, or neither).
+fn for_token<T: Clone>(
+    kept: &T,
+    was: Option<&str>,
+    now: Option<&str>,
+    rename: impl Fn(&T, &str, &str) -> T,
+) -> T {
+    match (was, now) {
+        (Some(was), Some(now)) if was != now => rename(kept, was, now),
+        _ => kept.clone(),
+    }
+}
+
 impl KeptAnswer {
     /// The answer for a pod whose token volume is `now` where this one's was `was`.
     fn renamed(&self, was: &str, now: &str) -> KeptAnswer {
-        let whole = renamed(
-            &Injection {
-                patch: self.patch.clone(),
-                changed: self.changed,
-                warnings: self.warnings.clone(),
-            },
-            was,
-            now,
-        );
         KeptAnswer {
             decisions: self
                 .decisions
@@ -329,9 +330,7 @@ impl KeptAnswer {
                     other => other.clone(),
                 })
                 .collect(),
-            patch: whole.patch,
-            changed: whole.changed,
-            warnings: whole.warnings,
+            whole: renamed(&self.whole, was, now),
         }
     }
 }
@@ -375,18 +374,20 @@ impl ChainCache {
         let hash = self.hash(key);
         let map = read(&self.map);
         map.by_hash.get(&hash)?.iter().find(|k| k.is(key)).map(|k| {
-            match (k.token.as_deref(), key.token) {
-                (Some(was), Some(now)) if was != now => k.answer.renamed(was, now),
-                _ => k.answer.clone(),
-            }
+            for_token(
+                &k.answer,
+                k.token.as_deref(),
+                key.token,
+                KeptAnswer::renamed,
+            )
         })
     }
 
     pub(crate) fn insert(&self, key: &ChainKey<'_>, answer: KeptAnswer) {
         let hash = self.hash(key);
         let size = key.object.len()
-            + answer.patch.len()
-            + answer.warnings.iter().map(String::len).sum::<usize>();
+            + answer.whole.patch.len()
+            + answer.whole.warnings.iter().map(String::len).sum::<usize>();
         let mut map = write(&self.map);
         if map.bytes + size > MAX_CHAIN_BYTES || map.count >= MAX_CHAINS {
             map.by_hash.clear();

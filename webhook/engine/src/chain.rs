@@ -14,7 +14,7 @@ use serde_json::Value;
 use splice_crds::STATUS_ANNOTATION;
 
 use crate::cache::{ChainCache, ChainKey, KeptAnswer};
-use crate::{CompiledPolicy, Decision, EngineError, Pod, PodRequest, inject};
+use crate::{CompiledPolicy, Decision, EngineError, Injection, Pod, PodRequest, inject};
 
 /// What a chain of policies decided for one pod.
 #[derive(Debug)]
@@ -70,9 +70,9 @@ pub fn inject_in_order_kept(
     if let Some(kept) = cache.get(&key) {
         return Chained {
             decisions: kept.decisions.into_iter().map(Ok).collect(),
-            patch: kept.patch,
-            changed: kept.changed,
-            warnings: kept.warnings,
+            patch: kept.whole.patch,
+            changed: kept.whole.changed,
+            warnings: kept.whole.warnings,
         };
     }
     let chained = inject_in_order(&refs, request);
@@ -84,9 +84,11 @@ pub fn inject_in_order_kept(
     if let Some(decisions) = decided {
         let answer = KeptAnswer {
             decisions,
-            patch: chained.patch.clone(),
-            changed: chained.changed,
-            warnings: chained.warnings.clone(),
+            whole: Injection {
+                patch: chained.patch.clone(),
+                changed: chained.changed,
+                warnings: chained.warnings.clone(),
+            },
         };
         cache.insert(&key, answer);
     }
