@@ -8,12 +8,17 @@ fn simulate(ws: &Workspace, policies: &[&str], pod_yaml: &str, extra: &[&str]) -
     cli_support::run_with_policies(ws, "simulate", policies, "pod.yaml", pod_yaml, extra)
 }
 
-/// A policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`. Policies of
-/// different timeouts never share a webhook entry, so each is a webhook of its own.
+/// A webhook policy that adds a label to the pod; `reinvocation` is `IfNeeded` or `Never`.
+/// Policies of different timeouts never share a webhook entry, so each is a webhook of its own.
 fn timed_label_policy(name: &str, reinvocation: &str, timeout: u32) -> String {
+    mode_label_policy(name, reinvocation, timeout, "Webhook")
+}
+
+/// A policy that adds a label to the pod, in `mode` (a static label can run in-tree).
+fn mode_label_policy(name: &str, reinvocation: &str, timeout: u32, mode: &str) -> String {
     format!(
         "apiVersion: splice.dev/v1alpha1\nkind: InjectionPolicy\nmetadata: {{name: {name}}}\n\
-         spec:\n  reinvocationPolicy: {reinvocation}\n  timeoutSeconds: {timeout}\n  template:\n    labels: {{{name}: \"yes\"}}\n"
+         spec:\n  mode: {mode}\n  reinvocationPolicy: {reinvocation}\n  timeoutSeconds: {timeout}\n  template:\n    labels: {{{name}: \"yes\"}}\n"
     )
 }
 
@@ -72,6 +77,29 @@ fn an_if_needed_webhook_is_called_again_after_a_later_change_and_a_never_one_is_
     assert!(!run.stdout.contains("b-never (reinvoked)"), "{run:?}");
     assert!(!run.stdout.contains("c-last (reinvoked)"), "{run:?}");
     assert!(!run.stdout.contains("step 5"), "{run:?}");
+}
+
+#[test]
+fn an_in_tree_policy_is_not_called_again_even_when_it_asks_if_needed() {
+    let ws = Workspace::new();
+    let run = simulate(
+        &ws,
+        &[
+            &mode_label_policy("a-in-tree", "IfNeeded", 1, "InTree"),
+            &timed_label_policy("b-webhook", "IfNeeded", 2),
+        ],
+        &pod("web", "shop", "{app: web}"),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    // The derived MutatingAdmissionPolicy runs under `Never`: its second run would be empty.
+    assert!(run.stdout.contains("a-in-tree"), "{run:?}");
+    assert!(!run.stdout.contains("a-in-tree (reinvoked)"), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("result: changed by a-in-tree, b-webhook"),
+        "{run:?}"
+    );
 }
 
 #[test]

@@ -359,7 +359,12 @@ fn load_policy(file: &str, doc: &Document, revision: Revision) -> Result<LoadedP
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
-        reinvocation: spec.reinvocation_policy,
+        // In-tree, the API server runs the derived program under its own reinvocation policy.
+        reinvocation: if mode.program.is_some() {
+            splice_engine::InTreeProgram::REINVOCATION
+        } else {
+            spec.reinvocation_policy
+        },
         compiled,
         mode,
         file: file.to_owned(),

@@ -18,7 +18,7 @@
 use std::fmt::Write as _;
 
 use serde_json::Value;
-use splice_crds::{Mode, Operation, STATUS_ANNOTATION};
+use splice_crds::{Mode, Operation, ReinvocationPolicy, STATUS_ANNOTATION};
 
 use super::CompiledPolicy;
 use super::template::{Hole, Seg, TemplateItem, TemplateString};
@@ -111,6 +111,15 @@ pub struct CelVariable {
 pub struct InTreeProgram {
     pub variables: Vec<CelVariable>,
     pub patch: String,
+}
+
+impl InTreeProgram {
+    /// The reinvocation policy the program runs under, whatever the spec asks: its patch for a
+    /// pod that carries this policy's record is empty, so a second run could only cost. The API
+    /// server reruns an `IfNeeded` policy whenever a later plugin changes the pod, which its own
+    /// ServiceAccount plugin does on every create by mounting the token into the injected
+    /// container (docs/performance.md).
+    pub const REINVOCATION: ReinvocationPolicy = ReinvocationPolicy::Never;
 }
 
 impl CompiledPolicy {
@@ -470,24 +479,15 @@ fn list_of(items: impl IntoIterator<Item = String>) -> String {
     format!("[{}]", v.join(", "))
 }
 
-fn keys(items: &[(String, String)]) -> String {
-    list_of(items.iter().map(|(k, _)| cel_string(k)))
-}
-
-fn json_keys(items: &[(String, String)]) -> String {
-    list_of(items.iter().map(|(k, _)| cel_string(&json_text(k))))
-}
-
-fn values(items: &[(String, String)]) -> String {
-    list_of(items.iter().map(|(_, v)| format!("dyn({v})")))
-}
-
-/// The three variables every injected list is read through: `<list>Names` (the keys),
-/// `<list>Json` (the keys as JSON text, for the record) and `<list>Items` (the values).
-fn item_vars(vars: &mut Vec<CelVariable>, list: &str, items: &[(String, String)]) {
-    vars.push(var(&format!("{list}Names"), keys(items)));
-    vars.push(var(&format!("{list}Json"), json_keys(items)));
-    vars.push(var(&format!("{list}Items"), values(items)));
+/// A list's items as one CEL list of `[key, key as JSON text (for the record), value]`.
+fn triples(items: &[(String, String)]) -> String {
+    list_of(items.iter().map(|(k, v)| {
+        format!(
+            "[dyn({}), dyn({}), dyn({v})]",
+            cel_string(k),
+            cel_string(&json_text(k))
+        )
+    }))
 }
 
 fn var(name: &str, expression: String) -> CelVariable {
@@ -498,6 +498,10 @@ fn var(name: &str, expression: String) -> CelVariable {
 }
 
 /// The variables and the patch expression. Variable names are short because they are repeated.
+///
+/// The API server evaluates each variable a request reads as a program of its own, at a cost of
+/// its own: constants are folded into the variable that reads them, and a variable read once is
+/// written where it is read (docs/performance.md, "The derived MutatingAdmissionPolicy").
 fn program(
     policy: &str,
     hash: &str,
@@ -506,33 +510,30 @@ fn program(
     annotations: &[(String, String)],
 ) -> InTreeProgram {
     let status_key = cel_string(STATUS_ANNOTATION);
-    let mut vars = vec![
-        var("ann", "object.metadata.?annotations.orValue({})".into()),
-        var(
-            "status",
-            format!("variables.ann[?{status_key}].orValue(\"\")"),
-        ),
-        // The webhook's record of this policy is there: a reinvocation, or a pod copied from an
-        // injected one. Either way this policy has nothing to add.
-        var(
-            "mine",
-            format!(
-                "variables.status.contains({})",
-                cel_string(&format!("{}:{{\"hash\":", json_text(policy)))
-            ),
-        ),
+    let mut vars = vec![var(
+        "status",
+        format!("object.metadata.?annotations[?{status_key}].orValue(\"\")"),
+    )];
+    if !l.init.is_empty() || !l.containers.is_empty() {
         // Names of the pod's own containers and init containers: one name space.
-        var(
+        vars.push(var(
             "own",
             "object.spec.?initContainers.orValue([]).map(c, c.name) + \
              object.spec.?containers.orValue([]).map(c, c.name)"
                 .into(),
-        ),
-    ];
+        ));
+    }
     let mut ops: Vec<String> = Vec::new();
     let mut entry: Vec<String> = vec![cel_string(&format!("{{\"hash\":{}", json_text(hash)))];
+    // The record's part for the items in `new` (a list of triples, see `triples`).
+    let recorded = |list: &str, new: &str| {
+        format!(
+            "(size({new}) == 0 ? \"\" : \",\\\"{list}\\\":[\" + {new}.map(c, c[1]).join(\",\") + \"]\")"
+        )
+    };
 
-    // Labels and annotations the pod lacks (a key it holds is the author's and is kept).
+    // Labels and annotations the pod lacks (a key it holds is the author's and is kept). Their
+    // values are read per request, and only for the keys the pod lacks.
     let meta = |what: &str, items: &[(String, String)], vars: &mut Vec<CelVariable>| {
         let idx = format!("{what}Idx");
         vars.push(var(
@@ -591,24 +592,17 @@ fn program(
 
     // Spec: init containers first, before the pod's own, in template order.
     if !l.init.is_empty() {
-        item_vars(&mut vars, "init", &l.init);
         vars.push(var(
-            "initIdx",
-            format!(
-                "lists.range({}).filter(k, !(variables.initNames[k] in variables.own))",
-                l.init.len()
-            ),
+            "initNew",
+            format!("{}.filter(c, !(c[0] in variables.own))", triples(&l.init)),
         ));
         ops.push(
             "(has(object.spec.initContainers) \
-             ? variables.initIdx.transformList(p, k, JSONPatch{op: \"add\", path: \"/spec/initContainers/\" + string(p), value: variables.initItems[k]}) \
-             : (size(variables.initIdx) == 0 ? [] : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.initIdx.map(k, variables.initItems[k])}]))"
+             ? variables.initNew.transformList(p, c, JSONPatch{op: \"add\", path: \"/spec/initContainers/\" + string(p), value: c[2]}) \
+             : (size(variables.initNew) == 0 ? [] : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.initNew.map(c, c[2])}]))"
                 .into(),
         );
-        entry.push(
-            "(size(variables.initIdx) == 0 ? \"\" : \",\\\"initContainers\\\":[\" + variables.initIdx.map(k, variables.initJson[k]).join(\",\") + \"]\")"
-                .to_owned(),
-        );
+        entry.push(recorded("initContainers", "variables.initNew"));
     }
     // Env and volume mounts go into every application container: the pod's own, less those
     // another Splice policy recorded as injected.
@@ -616,8 +610,7 @@ fn program(
         ("env", "name", &l.env),
         ("volumeMounts", "mountPath", &l.mounts),
     ];
-    let per_container_used = per_container.iter().any(|(_, _, items)| !items.is_empty());
-    if per_container_used {
+    if per_container.iter().any(|(_, _, items)| !items.is_empty()) {
         vars.push(var(
             "others",
             format!(
@@ -637,23 +630,23 @@ fn program(
         if items.is_empty() {
             continue;
         }
-        item_vars(&mut vars, list, items);
+        // Read once per application container, so a variable: built once.
+        vars.push(var(list, triples(items)));
         // Per application container (by position in `apps`), the items its author did not
         // already write under the same key.
         vars.push(var(
             &format!("{list}Keep"),
             format!(
-                "variables.apps.map(i, lists.range({n}).filter(k, !object.spec.containers[i].?{list}.orValue([]).exists(e, e.{key} == variables.{list}Names[k])))",
-                n = items.len()
+                "variables.apps.map(i, variables.{list}.filter(c, !object.spec.containers[i].?{list}.orValue([]).exists(e, e.{key} == c[0])))"
             ),
         ));
         container_ops.push(format!(
             "lists.range(size(variables.apps)).map(a, has(object.spec.containers[variables.apps[a]].{list}) \
-             ? variables.{list}Keep[a].map(k, JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}/-\", value: variables.{list}Items[k]}}) \
-             : (size(variables.{list}Keep[a]) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}\", value: variables.{list}Keep[a].map(k, variables.{list}Items[k])}}])).flatten()"
+             ? variables.{list}Keep[a].map(c, JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}/-\", value: c[2]}}) \
+             : (size(variables.{list}Keep[a]) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(variables.apps[a]) + \"/{list}\", value: variables.{list}Keep[a].map(c, c[2])}}])).flatten()"
         ));
         container_entries.push(format!(
-            "[lists.range(size(variables.apps)).filter(a, size(variables.{list}Keep[a]) > 0).sortBy(a, object.spec.containers[variables.apps[a]].name)].map(s, size(s) == 0 ? \"\" : \",\\\"{list}\\\":{{\" + s.map(a, \"\\\"\" + object.spec.containers[variables.apps[a]].name + \"\\\":[\" + variables.{list}Keep[a].map(k, variables.{list}Json[k]).join(\",\") + \"]\").join(\",\") + \"}}\")[0]"
+            "[lists.range(size(variables.apps)).filter(a, size(variables.{list}Keep[a]) > 0).sortBy(a, object.spec.containers[variables.apps[a]].name)].map(s, size(s) == 0 ? \"\" : \",\\\"{list}\\\":{{\" + s.map(a, \"\\\"\" + object.spec.containers[variables.apps[a]].name + \"\\\":[\" + variables.{list}Keep[a].map(c, c[1]).join(\",\") + \"]\").join(\",\") + \"}}\")[0]"
         ));
     }
     ops.extend(container_ops);
@@ -669,32 +662,18 @@ fn program(
         if items.is_empty() {
             continue;
         }
-        item_vars(&mut vars, list, items);
         vars.push(var(
-            &format!("{list}Idx"),
-            format!(
-                "lists.range({}).filter(k, !(variables.{list}Names[k] in {taken}))",
-                items.len()
-            ),
+            &format!("{list}New"),
+            format!("{}.filter(c, !(c[0] in {taken}))", triples(items)),
         ));
         ops.push(format!(
             "(has(object.spec.{list}) \
-             ? variables.{list}Idx.map(k, JSONPatch{{op: \"add\", path: \"/spec/{list}/-\", value: variables.{list}Items[k]}}) \
-             : (size(variables.{list}Idx) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/{list}\", value: variables.{list}Idx.map(k, variables.{list}Items[k])}}]))"
+             ? variables.{list}New.map(c, JSONPatch{{op: \"add\", path: \"/spec/{list}/-\", value: c[2]}}) \
+             : (size(variables.{list}New) == 0 ? [] : [JSONPatch{{op: \"add\", path: \"/spec/{list}\", value: variables.{list}New.map(c, c[2])}}]))"
         ));
-    }
-    // The record, in the webhook's key order: hash, initContainers, containers, volumes, env,
-    // volumeMounts, labels, annotations.
-    for list in ["containers", "volumes"] {
-        let present = match list {
-            "containers" => !l.containers.is_empty(),
-            _ => !l.volumes.is_empty(),
-        };
-        if present {
-            entry.push(format!(
-                "(size(variables.{list}Idx) == 0 ? \"\" : \",\\\"{list}\\\":[\" + variables.{list}Idx.map(k, variables.{list}Json[k]).join(\",\") + \"]\")"
-            ));
-        }
+        // The record, in the webhook's key order: hash, initContainers, containers, volumes,
+        // env, volumeMounts, labels, annotations.
+        entry.push(recorded(list, &format!("variables.{list}New")));
     }
     entry.extend(container_entries);
     for (what, items) in [("labels", labels), ("annotations", annotations)] {
@@ -710,18 +689,18 @@ fn program(
         ));
     }
     entry.push(cel_string("}"));
-    vars.push(var("entry", entry.join(" + ")));
-    // The status annotation: this entry alone, or appended to the other policies' entries when
-    // the annotation holds a record in Splice's own compact form (what the webhook's ordered
-    // map re-serializes to the same text); anything else is replaced, as the webhook replaces an
-    // unreadable record.
+    // The status annotation: this policy's entry alone, or appended to the other policies'
+    // entries when the annotation holds a record in Splice's own compact form (what the
+    // webhook's ordered map re-serializes to the same text); anything else is replaced, as the
+    // webhook replaces an unreadable record.
     vars.push(var(
         "record",
         format!(
-            "variables.status.matches({re}) ? variables.status.substring(0, size(variables.status) - 1) + {sep} + variables.entry + \"}}\" : {own} + variables.entry + \"}}\"",
+            "(variables.status.matches({re}) ? variables.status.substring(0, size(variables.status) - 1) + {sep} : {own}) + {entry} + \"}}\"",
             re = cel_string(RECORD_RE),
             sep = cel_string(&format!(",{}:", json_text(policy))),
             own = cel_string(&format!("{{{}:", json_text(policy))),
+            entry = entry.join(" + "),
         ),
     ));
     let whole_annotations = {
@@ -744,11 +723,17 @@ fn program(
     ops.insert(
         usize::from(!labels.is_empty()),
         format!(
-            "(has(object.metadata.annotations) ? {add}[JSONPatch{{op: ({status_key} in variables.ann) ? \"replace\" : \"add\", path: {status_path}, value: variables.record}}] : [JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {whole_annotations}}}])",
+            "(has(object.metadata.annotations) ? {add}[JSONPatch{{op: ({status_key} in object.metadata.annotations) ? \"replace\" : \"add\", path: {status_path}, value: variables.record}}] : [JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {whole_annotations}}}])",
             add = add_missing.unwrap_or_default(),
         ),
     );
-    let patch = format!("variables.mine ? [] : {}", ops.join(" + "));
+    // The webhook's record of this policy is there (a reinvocation, or a pod copied from an
+    // injected one): this policy has nothing to add.
+    let patch = format!(
+        "variables.status.contains({mine}) ? [] : {ops}",
+        mine = cel_string(&format!("{}:{{\"hash\":", json_text(policy))),
+        ops = ops.join(" + ")
+    );
     InTreeProgram {
         variables: vars,
         patch,
@@ -926,7 +911,7 @@ mod tests {
         let entry = &program
             .variables
             .iter()
-            .find(|v| v.name == "entry")
+            .find(|v| v.name == "record")
             .unwrap()
             .expression;
         let order = [
@@ -943,12 +928,7 @@ mod tests {
             .map(|k| entry.find(&format!("\\\"{k}\\\"")).unwrap())
             .collect();
         assert!(at.windows(2).all(|w| w[0] < w[1]), "{entry}");
-        let mine = &program
-            .variables
-            .iter()
-            .find(|v| v.name == "mine")
-            .unwrap()
-            .expression;
+        let mine = program.patch.split(" ? [] : ").next().unwrap();
         assert!(mine.contains("\\\"mesh\\\":{\\\"hash\\\":"), "{mine}");
     }
 }

@@ -93,7 +93,8 @@ fn metadata(name: String, owner: OwnerReference) -> ObjectMeta {
 
 /// The MutatingAdmissionPolicy that serves `policy` in-tree: the same pods as its webhook would
 /// be called for (operations, selectors, the mandatory exclusions by namespace name, the opt-out
-/// label), the requested failure and reinvocation policies, and the engine's CEL.
+/// label), the requested failure policy, and the engine's CEL with the reinvocation policy it
+/// runs under ([`InTreeProgram::REINVOCATION`]).
 pub fn render_policy(
     policy: &InjectionPolicy,
     program: &InTreeProgram,
@@ -105,7 +106,7 @@ pub fn render_policy(
         metadata: metadata(admission_policy_name(&name), owner),
         spec: Some(MutatingAdmissionPolicySpec {
             failure_policy: Some(spec.failure_policy.as_str().to_owned()),
-            reinvocation_policy: Some(spec.reinvocation_policy.as_str().to_owned()),
+            reinvocation_policy: Some(InTreeProgram::REINVOCATION.as_str().to_owned()),
             match_constraints: Some(MatchResources {
                 match_policy: Some("Equivalent".to_owned()),
                 namespace_selector: Some(namespace_selector(
@@ -231,7 +232,7 @@ pub fn apply_status(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use splice_crds::{InjectionPolicySpec, OPT_OUT_LABEL, Operation};
+    use splice_crds::{InjectionPolicySpec, OPT_OUT_LABEL, Operation, ReinvocationPolicy};
     use splice_engine::CompiledPolicy;
 
     fn policy(spec_yaml: &str) -> (InjectionPolicy, CompiledPolicy) {
@@ -269,7 +270,9 @@ template:
         );
         let spec = map.spec.unwrap();
         assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
-        assert_eq!(spec.reinvocation_policy.as_deref(), Some("IfNeeded"));
+        // The spec asks IfNeeded (the default); the program is a no-op on a second run.
+        assert_eq!(p.spec.reinvocation_policy, ReinvocationPolicy::IfNeeded);
+        assert_eq!(spec.reinvocation_policy.as_deref(), Some("Never"));
         let m = spec.match_constraints.unwrap();
         let ns = m.namespace_selector.unwrap();
         assert_eq!(ns.match_labels.unwrap()["mesh"], "enabled");
