@@ -362,20 +362,39 @@ fn normalize(mut pod: Value, namespace: &str) -> Result<Value> {
 #[tokio::test]
 async fn differential_the_same_corpus_through_the_webhook_and_in_tree_stores_identical_pods()
 -> Result<()> {
-    let mut s = Setup::start("intree-diff").await?;
+    differential("intree-diff", differential_spec).await
+}
+
+/// Without env and volume mounts, the record of a pod that lacks every injected name is the
+/// constant the engine precomputed (`first_record`); the corpus holds such pods and others.
+#[tokio::test]
+async fn differential_without_env_or_mounts_a_precomputed_record_stores_identical_pods()
+-> Result<()> {
+    differential("intree-diff-plain", |instance, mode| {
+        let mut spec = differential_spec(instance, mode);
+        if let Some(t) = spec["template"].as_object_mut() {
+            t.remove("env");
+            t.remove("volumeMounts");
+        }
+        spec
+    })
+    .await
+}
+
+/// Stores the corpus through the webhook, then in-tree with Splice stopped, and compares.
+async fn differential(label: &str, spec: impl Fn(&str, &str) -> Value) -> Result<()> {
+    let mut s = Setup::start(label).await?;
     let name = s.policy("diff");
     let team = [("team", "blue")];
     let ns_webhook = TestNamespace::create("e2e-app", &[(&s.instance, "on"), team[0]]).await?;
     let ns_intree = TestNamespace::create("e2e-app", &[(&s.instance, "on"), team[0]]).await?;
 
-    s.apply(&name, differential_spec(&s.instance, "Webhook"))
-        .await?;
+    s.apply(&name, spec(&s.instance, "Webhook")).await?;
     wait_mode(&s.client, &name, Mode::Webhook).await?;
     wait_corpus_injected(&ns_webhook).await?;
     let through_webhook = create_corpus(&ns_webhook).await?;
 
-    s.apply(&name, differential_spec(&s.instance, "InTree"))
-        .await?;
+    s.apply(&name, spec(&s.instance, "InTree")).await?;
     wait_mode(&s.client, &name, Mode::InTree).await?;
     wait_until(
         Duration::from_secs(30),
@@ -412,7 +431,7 @@ async fn differential_the_same_corpus_through_the_webhook_and_in_tree_stores_ide
         injected >= CORPUS * 2 / 3,
         "only {injected} pods were injected"
     );
-    println!("differential: {CORPUS} pods identical, {injected} injected");
+    println!("differential ({label}): {CORPUS} pods identical, {injected} injected");
     Ok(())
 }
 

@@ -21,6 +21,7 @@ use serde_json::Value;
 use splice_crds::{Mode, Operation, ReinvocationPolicy, STATUS_ANNOTATION};
 
 use super::CompiledPolicy;
+use super::provenance::{Provenance, ProvenanceEntry};
 use super::template::{Hole, Seg, TemplateItem, TemplateString};
 
 /// Why a policy stays on the webhook: the first field whose expression CEL cannot reproduce.
@@ -693,16 +694,18 @@ fn program(
     // entries when the annotation holds a record in Splice's own compact form (what the
     // webhook's ordered map re-serializes to the same text); anything else is replaced, as the
     // webhook replaces an unreadable record.
-    vars.push(var(
-        "record",
-        format!(
-            "(variables.status.matches({re}) ? variables.status.substring(0, size(variables.status) - 1) + {sep} : {own}) + {entry} + \"}}\"",
-            re = cel_string(RECORD_RE),
-            sep = cel_string(&format!(",{}:", json_text(policy))),
-            own = cel_string(&format!("{{{}:", json_text(policy))),
-            entry = entry.join(" + "),
-        ),
-    ));
+    let built = format!(
+        "(variables.status.matches({re}) ? variables.status.substring(0, size(variables.status) - 1) + {sep} : {own}) + {entry} + \"}}\"",
+        re = cel_string(RECORD_RE),
+        sep = cel_string(&format!(",{}:", json_text(policy))),
+        own = cel_string(&format!("{{{}:", json_text(policy))),
+        entry = entry.join(" + "),
+    );
+    let record = match first_record(policy, hash, l, labels, annotations) {
+        Some((fresh, text)) => format!("{fresh} ? {} : {built}", cel_string(&text)),
+        None => built,
+    };
+    vars.push(var("record", record));
     let whole_annotations = {
         let mut fields: Vec<String> = annotations
             .iter()
@@ -740,6 +743,47 @@ fn program(
     }
 }
 
+/// The commonest record, written by the webhook's own serializer: a pod with no record yet that
+/// lacks every injected name and key gets exactly this policy's whole entry. Returns the CEL
+/// condition for that case and the record's text, so the API server builds no string for it.
+/// `None` with env or volume mounts, whose entry names the pod's own containers.
+fn first_record(
+    policy: &str,
+    hash: &str,
+    l: &Lists,
+    labels: &[(String, String)],
+    annotations: &[(String, String)],
+) -> Option<(String, String)> {
+    if !l.env.is_empty() || !l.mounts.is_empty() {
+        return None;
+    }
+    let names = |items: &[(String, String)]| items.iter().map(|(k, _)| k.clone()).collect();
+    let entry = ProvenanceEntry {
+        hash: hash.to_owned(),
+        init_containers: names(&l.init),
+        containers: names(&l.containers),
+        volumes: names(&l.volumes),
+        labels: names(labels),
+        annotations: names(annotations),
+        ..ProvenanceEntry::default()
+    };
+    let text = serde_json::to_string(&Provenance::from([(policy.to_owned(), entry)])).ok()?;
+    let mut fresh = vec!["variables.status == \"\"".to_owned()];
+    let lists: [(&str, &[(String, String)]); 5] = [
+        ("initNew", &l.init),
+        ("containersNew", &l.containers),
+        ("volumesNew", &l.volumes),
+        ("labelsIdx", labels),
+        ("annotationsIdx", annotations),
+    ];
+    for (var, items) in lists {
+        if !items.is_empty() {
+            fresh.push(format!("size(variables.{var}) == {}", items.len()));
+        }
+    }
+    Some((fresh.join(" && "), text))
+}
+
 /// A `splice.dev/status` record with at least one entry, each as Splice writes it: a name, then
 /// an object of strings, lists of strings and maps of lists of strings, compact.
 const RECORD_RE: &str =
@@ -754,6 +798,16 @@ mod tests {
     fn compiled(yaml: &str) -> CompiledPolicy {
         let spec: InjectionPolicySpec = serde_yaml::from_str(yaml).unwrap();
         CompiledPolicy::compile("mesh", 1, &spec).unwrap()
+    }
+
+    /// The expression of the program's variable `name`.
+    fn variable<'a>(program: &'a InTreeProgram, name: &str) -> &'a str {
+        &program
+            .variables
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap()
+            .expression
     }
 
     fn to_cel(source: &str) -> Result<String, String> {
@@ -908,12 +962,7 @@ mod tests {
              labels: {l: x}, annotations: {a: x}}",
         );
         let program = p.in_tree().unwrap();
-        let entry = &program
-            .variables
-            .iter()
-            .find(|v| v.name == "record")
-            .unwrap()
-            .expression;
+        let entry = variable(&program, "record");
         let order = [
             "hash",
             "initContainers",
@@ -930,5 +979,31 @@ mod tests {
         assert!(at.windows(2).all(|w| w[0] < w[1]), "{entry}");
         let mine = program.patch.split(" ? [] : ").next().unwrap();
         assert!(mine.contains("\\\"mesh\\\":{\\\"hash\\\":"), "{mine}");
+    }
+
+    #[test]
+    fn a_fresh_pods_record_is_the_webhooks_own_text_and_env_keeps_it_built() {
+        let p = compiled(
+            "template: {containers: [{name: c, image: x}], volumes: [{name: v, emptyDir: {}}], \
+             labels: {l: x}}",
+        );
+        let program = p.in_tree().unwrap();
+        let record = variable(&program, "record");
+        let text = format!(
+            "{{\"mesh\":{{\"hash\":\"{}\",\"containers\":[\"c\"],\"volumes\":[\"v\"],\"labels\":[\"l\"]}}}}",
+            p.template_hash()
+        );
+        let fresh = format!(
+            "variables.status == \"\" && size(variables.containersNew) == 1 && \
+             size(variables.volumesNew) == 1 && size(variables.labelsIdx) == 1 ? {} : ",
+            cel_string(&text)
+        );
+        assert!(record.starts_with(&fresh), "{record}");
+        // Env names the pod's own containers in the record: always built.
+        let env =
+            compiled("template: {containers: [{name: c, image: x}], env: [{name: E, value: x}]}");
+        let program = env.in_tree().unwrap();
+        let record = variable(&program, "record");
+        assert!(record.starts_with("(variables.status.matches("), "{record}");
     }
 }
