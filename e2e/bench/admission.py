@@ -22,7 +22,8 @@ SIDECAR = {"name": "webhook-added-sidecar", "image": "registry.invalid/sidecar:1
 # The ten-policy arms add SIDECAR and nine more, one per policy (or MutatingAdmissionPolicy).
 TEN = [SIDECAR] + [{"name": f"sidecar-{i}", "image": f"registry.invalid/sidecar-{i}:1"}
                    for i in range(1, 10)]
-ARMS = ("none", "null", "splice", "splice-intree", "splice10", "agnhost", "map", "map10")
+ARMS = ("none", "pre", "pre10", "null", "splice", "splice-intree", "splice10", "agnhost", "map",
+        "map10")
 LABEL = "bench-arm"
 POD = {
     "apiVersion": "v1",
@@ -30,6 +31,17 @@ POD = {
     "metadata": {"name": "bench", "labels": {"app": "bench"}},
     "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
 }
+
+
+# Arms served by nothing whose pod arrives already carrying the sidecars the splice and splice10
+# arms inject: what the API server costs for the bigger pod alone, with no mutation at all.
+PRE = {"pre": [SIDECAR], "pre10": TEN}
+
+
+def pod_for(arm):
+    if arm in PRE:
+        return {**POD, "spec": {"containers": POD["spec"]["containers"] + PRE[arm]}}
+    return POD
 
 
 def namespace(arm):
@@ -138,7 +150,7 @@ def setup(api, agnhost_port, agnhost_ca, null_port, cluster_agnhost=None):
 def create(api, arm):
     """One dry-run create: (seconds, the pod as the API server would store it)."""
     path = f"/api/v1/namespaces/{namespace(arm)}/pods?dryRun=All"
-    body = json.dumps(POD)
+    body = json.dumps(pod_for(arm))
     start = time.perf_counter()
     status, text = api.call("POST", path, body)
     elapsed = time.perf_counter() - start
@@ -246,6 +258,33 @@ def webhook_calls(api):
     return out
 
 
+POLICY_OF_ARM = {
+    "splice-intree": lambda n: n == "splice-bench-splice-intree",
+    "map": lambda n: n == "bench-sidecar",
+    "map10": lambda n: n.startswith("bench-ten-"),
+}
+
+
+def policy_checks(api):
+    """Per arm with MutatingAdmissionPolicies: (checks, seconds) from the API server's own
+    apiserver_mutating_admission_policy_check_duration_seconds, since it started. A policy
+    checked more than once per create was run again in the reinvocation pass."""
+    status, text = api.call("GET", "/metrics")
+    out = {}
+    for line in text.decode().splitlines():
+        for suffix in ("_count{", "_sum{"):
+            if not line.startswith("apiserver_mutating_admission_policy_check_duration_seconds"
+                                   + suffix):
+                continue
+            name = line.split('policy="', 1)[1].split('"', 1)[0]
+            value = float(line.rsplit(" ", 1)[1])
+            for arm, matches in POLICY_OF_ARM.items():
+                if matches(name):
+                    checks, secs = out.get(arm, (0.0, 0.0))
+                    out[arm] = (checks + value, secs) if suffix == "_count{" else (checks, secs + value)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kubeconfig", required=True)
@@ -268,8 +307,8 @@ def main():
     args = ap.parse_args()
     global ARMS
     if args.baseline:
-        ARMS = ("none", "null", "splice", "splice-intree", "splice-before", "splice10", "agnhost",
-                "map", "map10")
+        ARMS = ("none", "pre", "pre10", "null", "splice", "splice-intree", "splice-before",
+                "splice10", "agnhost", "map", "map10")
     cluster = None
     if args.cluster_agnhost_namespace:
         ARMS = ARMS + ("splice-cluster", "agnhost-cluster")
@@ -314,6 +353,14 @@ def main():
     for arm in ARMS:
         if arm in calls and calls[arm][0] > 0:
             n, secs = calls[arm]
+            lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
+    checks = policy_checks(api)
+    lines.append("")
+    lines.append("| arm | policy checks | per create | mean check ms (API server's measure) |")
+    lines.append("|---|---|---|---|")
+    for arm in ARMS:
+        if arm in checks and checks[arm][0] > 0:
+            n, secs = checks[arm]
             lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
     lines.append("")
     lines.append(

@@ -3,6 +3,8 @@
 # the API server (server-side dry-run creates, nothing stored) on a control plane of its own, into
 # namespaces served by
 #   none     nothing (the baseline),
+#   pre, pre10  nothing, but the pod arrives already carrying splice's (pre) or splice10's (pre10)
+#            sidecars: what the bigger pod alone costs the API server,
 #   null     a webhook answering "allowed" with no patch (Splice's stack, `splice webhook
 #            --null-handler`): the floor of any webhook,
 #   splice   one InjectionPolicy of `splice run` in mode Webhook (a --release build unless
@@ -26,8 +28,8 @@
 # (another splice binary, e.g. a build of an earlier commit: measured as arm `splice-before` in the
 # same run, so a change to the request path is compared side by side). With the real node also
 # the load rows (e2e/bench/load.py, sent by e2e/src/bin/admission_load.rs): LOAD (1; 0 leaves them
-# out), LOAD_CREATES (10000 creates a row), LOAD_CLIENTS ("32 128": one splice17 and one agnhost
-# row per client count, then a fault row at 32 with one Splice pod deleted mid-load).
+# out), LOAD_CREATES (10000 creates a row), LOAD_CLIENTS ("32 128": one splice17, one agnhost
+# and one floor row per client count, then fault rows at 32 with one Splice pod deleted mid-load).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)

@@ -8,11 +8,16 @@ Rust generator e2e/src/bin/admission_load.rs, into
             and object selectors app=load, tier=web or none; one policy (load-c-4) wants
             tier=db, which the load pod does not carry, so 16 sidecars are injected;
   agnhost   namespace load-agnhost, served by the agnhost pod behind its Service (admission.sh's
-            agnhost-cluster arm), failurePolicy Fail, one sidecar.
+            agnhost-cluster arm), failurePolicy Fail, one sidecar;
+  floor     namespace load-floor, no webhook: the pod sent already as splice17 leaves it (16
+            sidecars and the record, less what the API server adds itself), so the row is what
+            the API server and the generator cost for a pod of that size: the floor of any
+            injector of 16 containers.
 Per row: latency, errors, timeouts, the API server's calls to Splice's webhooks per create (its
 apiserver_admission_webhook_admission_duration_seconds_count, type admit) and its mean measure
 of one call (to Splice's webhooks, or agnhost's in the agnhost rows), Splice's CPU seconds
-per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS. Then
+per 1000 creates (/proc/<pid>/stat of the processes in Splice's pods' cgroups) and RSS, and
+the API server's CPU seconds per 1000 creates (its /proc/<pid>/stat). Then
 fault rows (--faults, default 3): each a splice17 load at 32 clients during which one Splice pod
 is deleted after 2 s, started once both replicas are Ready again.
 """
@@ -24,6 +29,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +38,13 @@ from controller import Api  # noqa: E402  (the same admin-certificate client)
 
 GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
 SPLICE_NS = "splice-cluster"
-NS_SPLICE, NS_AGNHOST = "load-splice", "load-agnhost"
+NS_SPLICE, NS_AGNHOST, NS_FLOOR = "load-splice", "load-agnhost", "load-floor"
+# The pod admission_load sends unless given --pod.
+LOAD_POD = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "load", "labels": {"app": "load", "tier": "web"}},
+    "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]},
+}
 MANAGED = "app.kubernetes.io/managed-by=splice"
 AGNHOST_WEBHOOK = "bench-load-agnhost.bench.splice.dev"  # plain_webhook names it so
 
@@ -59,6 +71,7 @@ def setup(api, agnhost_ns, agnhost_ca):
     # admission.py's webhook entries select namespaces by label bench-arm.
     api.json("POST", "/api/v1/namespaces", ok=(201, 409),
              body={"metadata": {"name": NS_AGNHOST, "labels": {"bench-arm": NS_AGNHOST}}})
+    api.json("POST", "/api/v1/namespaces", ok=(201, 409), body={"metadata": {"name": NS_FLOOR}})
     for i, (name, key, sel) in enumerate(policies()):
         spec = {
             "mode": "Webhook",
@@ -114,13 +127,37 @@ def wait_ready(api, timeout=300):
 
 
 def added(api, ns):
-    status, text = api.call("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All", json.dumps({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "load", "labels": {"app": "load", "tier": "web"}},
-        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}))
+    status, text = api.call("POST", f"/api/v1/namespaces/{ns}/pods?dryRun=All",
+                            json.dumps(LOAD_POD))
     if status != 201:
         return None
     return len(json.loads(text)["spec"]["containers"]) - 1
+
+
+def floor_pod(api, path):
+    """Writes to `path` the load pod as splice17 leaves it, less the ServiceAccount token volume
+    and mounts, the server's metadata and the priority, which the API server adds again. The
+    fields it defaulted stay, so the floor is if anything low."""
+    status, text = api.call("POST", f"/api/v1/namespaces/{NS_SPLICE}/pods?dryRun=All",
+                            json.dumps(LOAD_POD))
+    if status != 201:
+        raise RuntimeError(f"the floor's pod: dry-run create answered {status}: {text[:300]!r}")
+    pod = json.loads(text)
+    pod["metadata"] = {k: v for k, v in pod["metadata"].items()
+                       if k in ("name", "labels", "annotations")}
+    pod.pop("status", None)
+    spec = pod["spec"]
+    spec.pop("priority", None)
+    token = {v["name"] for v in spec.get("volumes", []) if v["name"].startswith("kube-api-access-")}
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] not in token]
+    for c in spec["containers"] + spec.get("initContainers", []):
+        c["volumeMounts"] = [m for m in c.get("volumeMounts", []) if m["name"] not in token]
+        if not c["volumeMounts"]:
+            del c["volumeMounts"]
+    if not spec["volumes"]:
+        del spec["volumes"]
+    with open(path, "w") as f:
+        json.dump(pod, f)
 
 
 def wait_live(api, timeout=120):
@@ -184,6 +221,22 @@ def splice_pids(kubectl):
     return pids
 
 
+def apiserver_pids(api):
+    """The kube-apiserver serving `api` (by its --secure-port)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith("kube-apiserver") and (
+                f"--secure-port={api.port}" in cmd or any(
+                    a == "--secure-port" and b == str(api.port) for a, b in zip(cmd, cmd[1:]))):
+            pids.append(int(pid))
+    return pids
+
+
 def cpu_seconds(pids):
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
@@ -230,15 +283,18 @@ def wait_replicas(kubectl, want=2, timeout=180):
         time.sleep(1)
 
 
-def row(api, args, label, ns, clients, expect, fault=False):
+def row(api, args, label, ns, clients, expect, fault=False, pod=None):
     names, _ = splice_webhooks(api)
-    pids = splice_pids(args.kubectl)
+    pids, apiserver = splice_pids(args.kubectl), apiserver_pids(api)
     before_calls, before_cpu = webhook_counts(api), cpu_seconds(pids)
+    before_apiserver = cpu_seconds(apiserver)
     # No warm-up in the fault row, so that the deletion lands in the counted creates (at 17
     # policies 200 warm-up creates took about 10 s on 2 cores).
     warmup = 0 if fault else 200
     cmd = [args.generator, "--namespace", ns, "--creates", str(args.creates),
            "--clients", str(clients), "--expect", str(expect), "--warmup", str(warmup)]
+    if pod:
+        cmd += ["--pod", pod]
     if fault:
         wait_replicas(args.kubectl)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -256,13 +312,17 @@ def row(api, args, label, ns, clients, expect, fault=False):
         raise RuntimeError(f"{label}: admission_load failed ({proc.returncode})")
     r = json.loads(out)
     after_calls, after_cpu = webhook_counts(api), cpu_seconds(pids)
+    after_apiserver = cpu_seconds(apiserver)
     creates_seen = args.creates + warmup  # the warm-up goes through the same webhooks
     calls = sum(after_calls.get(n, [0, 0])[0] - before_calls.get(n, [0, 0])[0] for n in names)
-    called = names if ns == NS_SPLICE else {AGNHOST_WEBHOOK}
+    called = {NS_SPLICE: names, NS_AGNHOST: {AGNHOST_WEBHOOK}}.get(ns, set())
     rss, hwm = memory_mib(splice_pids(args.kubectl))
     r.update(label=label, calls_per_create=calls / creates_seen if ns == NS_SPLICE else None,
              call_ms=mean_call_ms(before_calls, after_calls, called),
-             cpu_per_1000=None if fault else (after_cpu - before_cpu) / creates_seen * 1000,
+             cpu_per_1000=None if fault or ns != NS_SPLICE
+             else (after_cpu - before_cpu) / creates_seen * 1000,
+             apiserver_cpu_per_1000=(after_apiserver - before_apiserver) / creates_seen * 1000
+             if apiserver else None,
              rss_mib=rss, hwm_mib=hwm, deleted=deleted, splice_pids=len(pids))
     print(f"bench: load {label}: {json.dumps(r)}", file=sys.stderr, flush=True)
     return r
@@ -290,10 +350,14 @@ def main():
     names, ncfg = splice_webhooks(api)
     print(f"bench: Splice's webhooks ({ncfg} configurations): {sorted(names)}", file=sys.stderr)
     load_start = os.getloadavg()[0]
+    floor = os.path.join(tempfile.mkdtemp(prefix="bench-load-"), "floor-pod.json")
+    floor_pod(api, floor)
     rows = []
     for c in (int(x) for x in args.clients.split()):
         rows.append(row(api, args, "splice17", NS_SPLICE, c, INJECTED))
         rows.append(row(api, args, "agnhost", NS_AGNHOST, c, 1))
+        rows.append(row(api, args, "floor (splice17's pod, no webhook)", NS_FLOOR, c, INJECTED,
+                        pod=floor))
     for i in range(args.faults):
         rows.append(row(api, args, f"splice17, one Splice pod deleted ({i + 1})", NS_SPLICE, 32,
                         INJECTED, fault=True))
@@ -302,14 +366,15 @@ def main():
         return "–" if v is None else format(v, fmt)
 
     lines = ["| row | clients | creates | p50 ms | p99 ms | max ms | errors | timeouts | "
-             "calls/create | mean call ms | Splice CPU s/1000 | Splice RSS MiB (HWM) | creates/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "calls/create | mean call ms | Splice CPU s/1000 | API server CPU s/1000 | "
+             "Splice RSS MiB (HWM) | creates/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['label']} | {r['clients']} | {r['n']} | {r['p50_ms']:.1f} | "
             f"{r['p99_ms']:.1f} | {r['max_ms']:.0f} | {r['errors']} | {r['timeouts']} | "
             f"{f(r['calls_per_create'], '.2f')} | {f(r['call_ms'], '.2f')} | "
-            f"{f(r['cpu_per_1000'], '.2f')} | "
+            f"{f(r['cpu_per_1000'], '.2f')} | {f(r['apiserver_cpu_per_1000'], '.2f')} | "
             f"{r['rss_mib']:.1f} ({r['hwm_mib']:.1f}) | {r['creates_per_s']:.0f} |")
     lines.append("")
     lines.append(

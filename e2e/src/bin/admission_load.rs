@@ -5,7 +5,10 @@
 //! concurrency actually reached (requests in flight at once, connections open to the API server).
 //!
 //!   admission_load --namespace NS --creates N --clients C --expect K [--warmup W] [--timeout S]
+//!                  [--pod FILE]
 //!
+//! `--pod` sends the pod in FILE (JSON) instead of the one-container load pod; `--expect` then
+//! counts its containers beyond the first, whoever put them there.
 //! KUBECONFIG names the cluster (the local control plane's admin kubeconfig).
 
 use std::collections::HashSet;
@@ -22,6 +25,7 @@ const SAMPLES: usize = 5;
 
 struct Args {
     namespace: String,
+    pod: Option<String>,
     creates: usize,
     clients: usize,
     expect: usize,
@@ -32,6 +36,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         namespace: String::new(),
+        pod: None,
         creates: 10_000,
         clients: 32,
         expect: 1,
@@ -48,6 +53,7 @@ fn parse_args() -> Result<Args> {
         };
         match flag.as_str() {
             "--namespace" => args.namespace = value.clone(),
+            "--pod" => args.pod = Some(value.clone()),
             "--creates" => args.creates = number()?,
             "--clients" => args.clients = number()?,
             "--expect" => args.expect = number()?,
@@ -55,7 +61,7 @@ fn parse_args() -> Result<Args> {
             "--timeout" => args.timeout = Duration::from_secs(number()? as u64),
             _ => bail!(
                 "unknown argument {flag}; usage: admission_load --namespace NS --creates N \
-                 --clients C --expect K [--warmup W] [--timeout SECONDS]"
+                 --clients C --expect K [--warmup W] [--timeout SECONDS] [--pod FILE]"
             ),
         }
     }
@@ -72,8 +78,15 @@ enum Outcome {
     Timeout(String),
 }
 
-/// The load pod: labels the load policies' object selectors look at (app=load, tier=web).
-fn pod_body() -> Result<Vec<u8>> {
+/// The load pod: labels the load policies' object selectors look at (app=load, tier=web); or
+/// the pod in `file`.
+fn pod_body(file: Option<&str>) -> Result<Vec<u8>> {
+    if let Some(file) = file {
+        let text = std::fs::read(file).with_context(|| format!("--pod {file}"))?;
+        serde_json::from_slice::<Value>(&text)
+            .with_context(|| format!("--pod {file}: not a JSON document"))?;
+        return Ok(text);
+    }
     Ok(serde_json::to_vec(&json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -138,7 +151,7 @@ struct Tally {
 /// connection per request in flight); returns the tally and the most requests seen in flight.
 async fn run(client: &Client, args: &Args, n: usize) -> Result<(Tally, usize)> {
     let path = format!("/api/v1/namespaces/{}/pods?dryRun=All", args.namespace);
-    let body = Arc::new(pod_body()?);
+    let body = Arc::new(pod_body(args.pod.as_deref())?);
     let next = Arc::new(AtomicUsize::new(0));
     let in_flight = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
@@ -150,6 +163,7 @@ async fn run(client: &Client, args: &Args, n: usize) -> Result<(Tally, usize)> {
             (next.clone(), in_flight.clone(), peak.clone(), tally.clone());
         let args = Args {
             namespace: String::new(),
+            pod: None,
             ..*args
         };
         tasks.push(tokio::spawn(async move {
