@@ -350,14 +350,15 @@ def main():
     names, ncfg = splice_webhooks(api)
     print(f"bench: Splice's webhooks ({ncfg} configurations): {sorted(names)}", file=sys.stderr)
     load_start = os.getloadavg()[0]
-    floor = os.path.join(tempfile.mkdtemp(prefix="bench-load-"), "floor-pod.json")
-    floor_pod(api, floor)
     rows = []
-    for c in (int(x) for x in args.clients.split()):
-        rows.append(row(api, args, "splice17", NS_SPLICE, c, INJECTED))
-        rows.append(row(api, args, "agnhost", NS_AGNHOST, c, 1))
-        rows.append(row(api, args, "floor (splice17's pod, no webhook)", NS_FLOOR, c, INJECTED,
-                        pod=floor))
+    with tempfile.TemporaryDirectory(prefix="bench-load-") as tmp:
+        floor = os.path.join(tmp, "floor-pod.json")
+        floor_pod(api, floor)
+        for c in (int(x) for x in args.clients.split()):
+            rows.append(row(api, args, "splice17", NS_SPLICE, c, INJECTED))
+            rows.append(row(api, args, "agnhost", NS_AGNHOST, c, 1))
+            rows.append(row(api, args, "floor (splice17's pod, no webhook)", NS_FLOOR, c,
+                            INJECTED, pod=floor))
     for i in range(args.faults):
         rows.append(row(api, args, f"splice17, one Splice pod deleted ({i + 1})", NS_SPLICE, 32,
                         INJECTED, fault=True))
