@@ -22,8 +22,11 @@ SIDECAR = {"name": "webhook-added-sidecar", "image": "registry.invalid/sidecar:1
 # The ten-policy arms add SIDECAR and nine more, one per policy (or MutatingAdmissionPolicy).
 TEN = [SIDECAR] + [{"name": f"sidecar-{i}", "image": f"registry.invalid/sidecar-{i}:1"}
                    for i in range(1, 10)]
-ARMS = ("none", "pre", "pre10", "null", "splice", "splice-intree", "splice10", "agnhost", "map",
-        "map10")
+ARMS = ("none", "pre", "pre10", "null", "null1", "null10", "splice", "splice-intree", "splice10",
+        "agnhost", "map", "map10")
+# Arms served by Splice's stack answering with a constant patch of 1 or 10 containers: the floor
+# of any webhook injecting that many.
+NULL_CONTAINERS = {"null1": 1, "null10": 10}
 LABEL = "bench-arm"
 POD = {
     "apiVersion": "v1",
@@ -137,6 +140,9 @@ def setup(api, agnhost_port, agnhost_ca, null_port, cluster_agnhost=None):
                   f"https://127.0.0.1:{agnhost_port}/mutating-pods-sidecar", bundle, "agnhost")
     # The floor: Splice's stack answering "allowed" with no patch (the same certificate).
     plain_webhook(api, "bench-null", f"https://127.0.0.1:{null_port}/null", bundle, "null")
+    for arm, n in NULL_CONTAINERS.items():
+        plain_webhook(api, f"bench-{arm}", f"https://127.0.0.1:{null_port}/null/containers/{n}",
+                      bundle, arm)
     sidecar_map(api, "bench-sidecar", "map", SIDECAR)
     if cluster_agnhost:
         namespace_, ca = cluster_agnhost
@@ -163,6 +169,8 @@ def expected(arm):
     """The containers an arm adds."""
     if arm in ("none", "null"):
         return set()
+    if arm in NULL_CONTAINERS:
+        return {f"null-sidecar-{i}" for i in range(1, NULL_CONTAINERS[arm] + 1)}
     if arm.endswith("10"):
         return {c["name"] for c in TEN}
     return {SIDECAR["name"]}
@@ -211,6 +219,8 @@ def ms(seconds):
 
 WEBHOOK_OF_ARM = {
     "null": lambda n: n == "bench-null.bench.splice.dev",
+    "null1": lambda n: n == "bench-null1.bench.splice.dev",
+    "null10": lambda n: n == "bench-null10.bench.splice.dev",
     "splice": lambda n: n == "bench-splice.splice.dev",
     "splice-before": lambda n: n == "bench-splice-before.splice.dev",
     "splice10": lambda n: n.startswith("group-") and n.endswith(".splice.dev"),
@@ -307,8 +317,8 @@ def main():
     args = ap.parse_args()
     global ARMS
     if args.baseline:
-        ARMS = ("none", "pre", "pre10", "null", "splice", "splice-intree", "splice-before",
-                "splice10", "agnhost", "map", "map10")
+        ARMS = ("none", "pre", "pre10", "null", "null1", "null10", "splice", "splice-intree",
+                "splice-before", "splice10", "agnhost", "map", "map10")
     cluster = None
     if args.cluster_agnhost_namespace:
         ARMS = ARMS + ("splice-cluster", "agnhost-cluster")

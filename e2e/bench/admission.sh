@@ -7,6 +7,8 @@
 #            sidecars: what the bigger pod alone costs the API server,
 #   null     a webhook answering "allowed" with no patch (Splice's stack, `splice webhook
 #            --null-handler`): the floor of any webhook,
+#   null1, null10  the same stack answering a constant patch of 1 or 10 containers
+#            (`/null/containers/<n>`): the floor of any webhook injecting that many,
 #   splice   one InjectionPolicy of `splice run` in mode Webhook (a --release build unless
 #            SPLICE_BIN is given),
 #   splice-intree  the same policy in mode InTree: the MutatingAdmissionPolicy Splice writes,

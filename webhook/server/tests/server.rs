@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
 use server_common::*;
 use splice_server::metrics::Outcome;
 use splice_server::server::UNKNOWN_POLICY_LABEL;
@@ -205,6 +206,41 @@ async fn the_null_read_baseline_reads_the_review_then_allows_without_a_patch() {
     )
     .await;
     assert_eq!(reply.status, 404);
+}
+
+#[tokio::test]
+async fn the_null_containers_baseline_appends_n_constant_containers_and_refuses_other_counts() {
+    let server = Running::start(config()).await;
+    let body = pod_review("n-uid", "team-a", false, SMALL_POD);
+    let reply = exchange(
+        &server,
+        &post("/null/containers/3", "application/json", body.as_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.json()["response"]["uid"], "n-uid");
+    let patch = reply.json()["response"]["patch"]
+        .as_str()
+        .map(|p| base64::engine::general_purpose::STANDARD.decode(p).unwrap())
+        .unwrap();
+    let ops: Vec<serde_json::Value> = serde_json::from_slice(&patch).unwrap();
+    let names: Vec<&str> = ops
+        .iter()
+        .map(|op| op["value"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["null-sidecar-1", "null-sidecar-2", "null-sidecar-3"]
+    );
+    assert!(ops.iter().all(|op| op["path"] == "/spec/containers/-"));
+    for path in [
+        "/null/containers/0",
+        "/null/containers/33",
+        "/null/containers/x",
+    ] {
+        let reply = exchange(&server, &post(path, "application/json", body.as_bytes())).await;
+        assert_eq!(reply.status, 404, "{path}");
+    }
 }
 
 #[tokio::test]

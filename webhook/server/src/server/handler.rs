@@ -100,6 +100,9 @@ enum NullWork {
     /// the envelope and the pod view) and stops before the engine, so a benchmark can tell the
     /// cost of reading the request from the cost of deciding and writing the patch.
     Read,
+    /// `/null/containers/<n>` (1 to 32): finds the uid and appends `n` constant containers
+    /// (`null-sidecar-<i>`): the floor of any webhook that injects that many.
+    Containers(u8),
 }
 
 /// One policy a webhook entry names, with its metrics; `policy` is `None` when this replica does
@@ -179,6 +182,13 @@ impl Handler {
                 "/null" => return Route::Null(NullWork::Nothing),
                 "/null/read" => return Route::Null(NullWork::Read),
                 _ => {}
+            }
+            if let Some(n) = path
+                .strip_prefix("/null/containers/")
+                .and_then(|n| n.parse::<u8>().ok())
+                .filter(|n| (1..=32).contains(n))
+            {
+                return Route::Null(NullWork::Containers(n));
             }
         }
         Route::NotFound
@@ -605,23 +615,34 @@ fn malformed(e: &admission::ReviewError) -> (HttpResponse, Outcome) {
 /// A benchmark baseline's answer: "allowed", after `work`.
 #[cfg(feature = "bench-baselines")]
 fn null_answer(work: NullWork, body: &[u8]) -> (HttpResponse, Outcome) {
-    if let NullWork::Read = work {
-        return match admission::parse_review(body) {
+    match work {
+        NullWork::Nothing => (null_response(body, None), Outcome::Null),
+        NullWork::Read => match admission::parse_review(body) {
             Ok(review) => (allow(&review, None, &[]), Outcome::Null),
             Err(e) => malformed(&e),
-        };
+        },
+        NullWork::Containers(n) => {
+            let ops: Vec<String> = (1..=n)
+                .map(|i| {
+                    format!(
+                        r#"{{"op":"add","path":"/spec/containers/-","value":{{"name":"null-sidecar-{i}","image":"registry.invalid/null-sidecar:1"}}}}"#
+                    )
+                })
+                .collect();
+            let patch = format!("[{}]", ops.join(","));
+            (null_response(body, Some(patch.as_bytes())), Outcome::Null)
+        }
     }
-    (null_response(body), Outcome::Null)
 }
 
 #[cfg(feature = "bench-baselines")]
-fn null_response(body: &[u8]) -> HttpResponse {
+fn null_response(body: &[u8], patch: Option<&[u8]>) -> HttpResponse {
     let uid = admission::scan_uid(body).unwrap_or_default();
     json(admission::allowed_response(
         admission::API_VERSION,
         admission::KIND,
         uid,
-        None,
+        patch,
         &[],
     ))
 }
