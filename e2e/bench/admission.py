@@ -11,6 +11,7 @@ import base64
 import concurrent.futures as cf
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -248,24 +249,44 @@ def splice_arms(api):
     return out
 
 
-def webhook_calls(api):
-    """Per arm with a webhook: (calls, seconds) the API server measured calling it, from its own
-    apiserver_admission_webhook_admission_duration_seconds (CREATE, admit), since it started."""
-    status, text = api.call("GET", "/metrics")
-    arm_of = splice_arms(api)
+def histograms(api, metric, label, where=""):
+    """{value of `label`: [count, sum]} of the API server's histogram `metric` since it started,
+    over the lines that contain `where`."""
+    _, text = api.call("GET", "/metrics")
     out = {}
     for line in text.decode().splitlines():
-        for suffix in ("_count{", "_sum{"):
-            prefix = "apiserver_admission_webhook_admission_duration_seconds" + suffix
-            if not line.startswith(prefix) or 'operation="CREATE"' not in line:
-                continue
-            name = line.split('name="', 1)[1].split('"', 1)[0]
-            value = float(line.rsplit(" ", 1)[1])
-            for arm, matches in WEBHOOK_OF_ARM.items():
-                if arm_of.get(name, arm) == arm and (name in arm_of or matches(name)):
-                    calls, secs = out.get(arm, (0.0, 0.0))
-                    out[arm] = (calls + value, secs) if suffix == "_count{" else (calls, secs + value)
+        for suffix, i in (("_count{", 0), ("_sum{", 1)):
+            if line.startswith(metric + suffix) and where in line:
+                name = re.search(r'[{,]' + label + r'="([^"]*)"', line).group(1)
+                out.setdefault(name, [0.0, 0.0])[i] += float(line.rsplit(" ", 1)[1])
     return out
+
+
+def by_arm(found, arm_of):
+    """`found` ({name: [count, sum]}) summed per arm; `arm_of(name)` is the arm or None."""
+    out = {}
+    for name, (count, total) in found.items():
+        arm = arm_of(name)
+        if arm:
+            got = out.setdefault(arm, [0.0, 0.0])
+            got[0] += count
+            got[1] += total
+    return out
+
+
+def webhook_calls(api):
+    """Per arm with a webhook: [calls, seconds] the API server measured calling it, from its own
+    apiserver_admission_webhook_admission_duration_seconds (CREATE), since it started."""
+    cells = splice_arms(api)
+
+    def arm_of(name):
+        if name in cells:
+            return cells[name]
+        return next((arm for arm, matches in WEBHOOK_OF_ARM.items() if matches(name)), None)
+
+    found = histograms(api, "apiserver_admission_webhook_admission_duration_seconds", "name",
+                       'operation="CREATE"')
+    return by_arm(found, arm_of)
 
 
 POLICY_OF_ARM = {
@@ -276,23 +297,13 @@ POLICY_OF_ARM = {
 
 
 def policy_checks(api):
-    """Per arm with MutatingAdmissionPolicies: (checks, seconds) from the API server's own
+    """Per arm with MutatingAdmissionPolicies: [checks, seconds] from the API server's own
     apiserver_mutating_admission_policy_check_duration_seconds, since it started. A policy
     checked more than once per create was run again in the reinvocation pass."""
-    status, text = api.call("GET", "/metrics")
-    out = {}
-    for line in text.decode().splitlines():
-        for suffix in ("_count{", "_sum{"):
-            if not line.startswith("apiserver_mutating_admission_policy_check_duration_seconds"
-                                   + suffix):
-                continue
-            name = line.split('policy="', 1)[1].split('"', 1)[0]
-            value = float(line.rsplit(" ", 1)[1])
-            for arm, matches in POLICY_OF_ARM.items():
-                if matches(name):
-                    checks, secs = out.get(arm, (0.0, 0.0))
-                    out[arm] = (checks + value, secs) if suffix == "_count{" else (checks, secs + value)
-    return out
+    found = histograms(api, "apiserver_mutating_admission_policy_check_duration_seconds",
+                       "policy")
+    return by_arm(found, lambda name: next(
+        (arm for arm, matches in POLICY_OF_ARM.items() if matches(name)), None))
 
 
 def main():
@@ -355,23 +366,16 @@ def main():
                 a - b for a, b in zip(round_p50[(mode, arm)], round_p50[(mode, "none")]))
             lines.append(f"| {mode} | {arm} | {len(s)} | {ms(pct(s, 50))} | {ms(pct(s, 90))} | "
                          f"{ms(pct(s, 99))} | {'–' if arm == 'none' else ms(added)} |")
-    calls = webhook_calls(api)
-    lines.append("")
-    lines.append("| arm | webhook calls | per create | mean call ms (API server's measure) |")
-    lines.append("|---|---|---|---|")
     creates = {arm: sum(len(samples[(m, arm)]) for m in modes) + 20 for arm in ARMS}
-    for arm in ARMS:
-        if arm in calls and calls[arm][0] > 0:
-            n, secs = calls[arm]
-            lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
-    checks = policy_checks(api)
-    lines.append("")
-    lines.append("| arm | policy checks | per create | mean check ms (API server's measure) |")
-    lines.append("|---|---|---|---|")
-    for arm in ARMS:
-        if arm in checks and checks[arm][0] > 0:
-            n, secs = checks[arm]
-            lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
+    for what, per_arm in (("webhook calls", webhook_calls(api)),
+                          ("policy checks", policy_checks(api))):
+        lines.append("")
+        lines.append(f"| arm | {what} | per create | mean ms (API server's measure) |")
+        lines.append("|---|---|---|---|")
+        for arm in ARMS:
+            if per_arm.get(arm, [0])[0] > 0:
+                n, secs = per_arm[arm]
+                lines.append(f"| {arm} | {int(n)} | {n / creates[arm]:.2f} | {ms(secs / n)} |")
     lines.append("")
     lines.append(
         f"{args.rounds} rounds, arms interleaved; per round and arm {args.sequential} sequential "

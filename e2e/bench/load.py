@@ -26,14 +26,13 @@ import argparse
 import base64
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from admission import plain_webhook  # noqa: E402  (the agnhost-cluster arm's webhook entry)
+from admission import histograms, plain_webhook  # noqa: E402  (the agnhost-cluster arm's entry)
 from controller import Api  # noqa: E402  (the same admin-certificate client)
 
 GROUP = "/apis/splice.dev/v1alpha1/injectionpolicies"
@@ -178,18 +177,10 @@ def splice_webhooks(api):
 
 
 def webhook_counts(api):
-    """(calls, seconds) by webhook name (type admit) since the API server started: the seconds
+    """[calls, seconds] by webhook name (type admit) since the API server started: the seconds
     are the API server's own measure of each call, round trip included."""
-    _, text = api.call("GET", "/metrics")
-    out = {}
-    for line in text.decode().splitlines():
-        for part, i in (("_count{", 0), ("_sum{", 1)):
-            if (line.startswith("apiserver_admission_webhook_admission_duration_seconds" + part)
-                    and 'type="admit"' in line):
-                name = re.search(r'name="([^"]*)"', line).group(1)
-                got = out.setdefault(name, [0.0, 0.0])
-                got[i] += float(line.rsplit(" ", 1)[1])
-    return out
+    return histograms(api, "apiserver_admission_webhook_admission_duration_seconds", "name",
+                      'type="admit"')
 
 
 def mean_call_ms(before, after, names):

@@ -359,12 +359,7 @@ fn load_policy(file: &str, doc: &Document, revision: Revision) -> Result<LoadedP
     Ok(LoadedPolicy {
         origin: format!("{file}: document {} (policy \"{name}\")", doc.index),
         name,
-        // In-tree, the API server runs the derived program under its own reinvocation policy.
-        reinvocation: if mode.program.is_some() {
-            splice_engine::InTreeProgram::REINVOCATION
-        } else {
-            spec.reinvocation_policy
-        },
+        reinvocation: mode.reinvocation(spec.reinvocation_policy),
         compiled,
         mode,
         file: file.to_owned(),
@@ -934,7 +929,7 @@ pub(crate) fn call_entry(
         });
     }
     let mut next = object.clone();
-    let changed = apply(&mut next, &chained.patch)
+    let changed = apply(&mut next, &chained.whole.patch)
         .map_err(|e| fail(first, format!("the engine's patch does not apply: {e}")))?;
     Ok(EntryCall {
         steps,

@@ -22,12 +22,9 @@ pub struct Chained {
     /// Each policy's decision, in the order the policies were given. A policy that failed
     /// contributed nothing to [`Chained::patch`]; the policies after it still ran.
     pub decisions: Vec<Result<Decision, EngineError>>,
-    /// RFC 6902 operations of every policy, in order, as one JSON array (`b"[]"` when none).
-    pub patch: Bytes,
-    /// True when `patch` holds at least one operation.
-    pub changed: bool,
-    /// Every policy's warnings, in order.
-    pub warnings: Vec<String>,
+    /// The whole call: every policy's operations in order as one JSON array, and every policy's
+    /// warnings in order.
+    pub whole: Injection,
 }
 
 /// [`inject_in_order`] as the webhook runs it: a request equal to one answered before gets that
@@ -70,9 +67,7 @@ pub fn inject_in_order_kept(
     if let Some(kept) = cache.get(&key) {
         return Chained {
             decisions: kept.decisions.into_iter().map(Ok).collect(),
-            patch: kept.whole.patch,
-            changed: kept.whole.changed,
-            warnings: kept.whole.warnings,
+            whole: kept.whole,
         };
     }
     let chained = inject_in_order(&refs, request);
@@ -84,11 +79,7 @@ pub fn inject_in_order_kept(
     if let Some(decisions) = decided {
         let answer = KeptAnswer {
             decisions,
-            whole: Injection {
-                patch: chained.patch.clone(),
-                changed: chained.changed,
-                warnings: chained.warnings.clone(),
-            },
+            whole: chained.whole.clone(),
         };
         cache.insert(&key, answer);
     }
@@ -101,15 +92,17 @@ pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -
     // shape; nothing to apply for a next policy, nothing to join.
     if let [only] = policies {
         let decided = inject(only, request);
-        let (patch, changed, warnings) = match &decided {
-            Ok(Decision::Inject(i)) => (i.patch.clone(), i.changed, i.warnings.clone()),
-            _ => (Bytes::from_static(b"[]"), false, Vec::new()),
+        let whole = match &decided {
+            Ok(Decision::Inject(i)) => i.clone(),
+            _ => Injection {
+                patch: Bytes::from_static(b"[]"),
+                changed: false,
+                warnings: Vec::new(),
+            },
         };
         return Chained {
             decisions: vec![decided],
-            patch,
-            changed,
-            warnings,
+            whole,
         };
     }
     let mut chain = Chain::default();
@@ -151,9 +144,11 @@ pub fn inject_in_order(policies: &[&CompiledPolicy], request: &PodRequest<'_>) -
     };
     Chained {
         decisions,
-        patch,
-        changed,
-        warnings: chain.warnings,
+        whole: Injection {
+            patch,
+            changed,
+            warnings: chain.warnings,
+        },
     }
 }
 

@@ -123,6 +123,18 @@ impl InTreeProgram {
     pub const REINVOCATION: ReinvocationPolicy = ReinvocationPolicy::Never;
 }
 
+impl ModeDecision {
+    /// The reinvocation policy the API server runs the policy under: `asked` on the webhook,
+    /// [`InTreeProgram::REINVOCATION`] in-tree.
+    pub fn reinvocation(&self, asked: ReinvocationPolicy) -> ReinvocationPolicy {
+        if self.program.is_some() {
+            InTreeProgram::REINVOCATION
+        } else {
+            asked
+        }
+    }
+}
+
 impl CompiledPolicy {
     /// The policy as a MutatingAdmissionPolicy's CEL, or the first reason it needs the webhook.
     pub fn in_tree(&self) -> Result<InTreeProgram, WebhookOnly> {
@@ -186,8 +198,6 @@ impl CompiledPolicy {
             }
             items.push(out);
         }
-        let labels = self.strings(&t.labels, "spec.template.labels", true)?;
-        let annotations = self.strings(&t.annotations, "spec.template.annotations", false)?;
         let mut it = items.into_iter();
         let mut next = || it.next().unwrap_or_default();
         let lists = Lists {
@@ -196,14 +206,10 @@ impl CompiledPolicy {
             volumes: next(),
             env: next(),
             mounts: next(),
+            labels: self.strings(&t.labels, "spec.template.labels", true)?,
+            annotations: self.strings(&t.annotations, "spec.template.annotations", false)?,
         };
-        Ok(program(
-            &self.name,
-            &self.hash,
-            &lists,
-            &labels,
-            &annotations,
-        ))
+        Ok(program(&self.name, &self.hash, &lists))
     }
 
     /// One injected item: its key, and its value as a CEL literal.
@@ -466,13 +472,34 @@ fn pointer_segment(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 
-/// The injected lists: (key, CEL literal) per item, in template order.
+/// The injected lists: (key, CEL literal) per item, in template order; labels and annotations
+/// as (key, CEL string expression).
 struct Lists {
     init: Vec<(String, String)>,
     containers: Vec<(String, String)>,
     volumes: Vec<(String, String)>,
     env: Vec<(String, String)>,
     mounts: Vec<(String, String)>,
+    labels: Vec<(String, String)>,
+    annotations: Vec<(String, String)>,
+}
+
+/// The `splice.dev/status` entry as CEL, part by part in the webhook's key order, and the
+/// condition under which every recorded list holds all its items.
+struct RecordParts {
+    parts: Vec<String>,
+    full: Vec<String>,
+}
+
+impl RecordParts {
+    /// The record's list `key`: the names `names` (a CEL list of JSON texts) of the items in
+    /// `new` (a CEL list of the `n` items, less those the pod already had).
+    fn list(&mut self, key: &str, new: &str, names: &str, n: usize) {
+        self.parts.push(format!(
+            "(size({new}) == 0 ? \"\" : \",\\\"{key}\\\":[\" + {names}.join(\",\") + \"]\")"
+        ));
+        self.full.push(format!("size({new}) == {n}"));
+    }
 }
 
 fn list_of(items: impl IntoIterator<Item = String>) -> String {
@@ -503,13 +530,8 @@ fn var(name: &str, expression: String) -> CelVariable {
 /// The API server evaluates each variable a request reads as a program of its own, at a cost of
 /// its own: constants are folded into the variable that reads them, and a variable read once is
 /// written where it is read (docs/performance.md, "The derived MutatingAdmissionPolicy").
-fn program(
-    policy: &str,
-    hash: &str,
-    l: &Lists,
-    labels: &[(String, String)],
-    annotations: &[(String, String)],
-) -> InTreeProgram {
+fn program(policy: &str, hash: &str, l: &Lists) -> InTreeProgram {
+    let (labels, annotations) = (&l.labels[..], &l.annotations[..]);
     let status_key = cel_string(STATUS_ANNOTATION);
     let mut vars = vec![var(
         "status",
@@ -525,12 +547,9 @@ fn program(
         ));
     }
     let mut ops: Vec<String> = Vec::new();
-    let mut entry: Vec<String> = vec![cel_string(&format!("{{\"hash\":{}", json_text(hash)))];
-    // The record's part for the items in `new` (a list of triples, see `triples`).
-    let recorded = |list: &str, new: &str| {
-        format!(
-            "(size({new}) == 0 ? \"\" : \",\\\"{list}\\\":[\" + {new}.map(c, c[1]).join(\",\") + \"]\")"
-        )
+    let mut entry = RecordParts {
+        parts: vec![cel_string(&format!("{{\"hash\":{}", json_text(hash)))],
+        full: vec!["variables.status == \"\"".to_owned()],
     };
 
     // Labels and annotations the pod lacks (a key it holds is the author's and is kept). Their
@@ -603,7 +622,12 @@ fn program(
              : (size(variables.initNew) == 0 ? [] : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.initNew.map(c, c[2])}]))"
                 .into(),
         );
-        entry.push(recorded("initContainers", "variables.initNew"));
+        entry.list(
+            "initContainers",
+            "variables.initNew",
+            "variables.initNew.map(c, c[1])",
+            l.init.len(),
+        );
     }
     // Env and volume mounts go into every application container: the pod's own, less those
     // another Splice policy recorded as injected.
@@ -674,9 +698,10 @@ fn program(
         ));
         // The record, in the webhook's key order: hash, initContainers, containers, volumes,
         // env, volumeMounts, labels, annotations.
-        entry.push(recorded(list, &format!("variables.{list}New")));
+        let new = format!("variables.{list}New");
+        entry.list(list, &new, &format!("{new}.map(c, c[1])"), items.len());
     }
-    entry.extend(container_entries);
+    entry.parts.extend(container_entries);
     for (what, items) in [("labels", labels), ("annotations", annotations)] {
         if items.is_empty() {
             continue;
@@ -685,11 +710,14 @@ fn program(
             &format!("{what}Json"),
             list_of(items.iter().map(|(k, _)| cel_string(&json_text(k)))),
         ));
-        entry.push(format!(
-            "(size(variables.{what}Idx) == 0 ? \"\" : \",\\\"{what}\\\":[\" + variables.{what}Idx.map(k, variables.{what}Json[k]).join(\",\") + \"]\")"
-        ));
+        entry.list(
+            what,
+            &format!("variables.{what}Idx"),
+            &format!("variables.{what}Idx.map(k, variables.{what}Json[k])"),
+            items.len(),
+        );
     }
-    entry.push(cel_string("}"));
+    entry.parts.push(cel_string("}"));
     // The status annotation: this policy's entry alone, or appended to the other policies'
     // entries when the annotation holds a record in Splice's own compact form (what the
     // webhook's ordered map re-serializes to the same text); anything else is replaced, as the
@@ -699,10 +727,14 @@ fn program(
         re = cel_string(RECORD_RE),
         sep = cel_string(&format!(",{}:", json_text(policy))),
         own = cel_string(&format!("{{{}:", json_text(policy))),
-        entry = entry.join(" + "),
+        entry = entry.parts.join(" + "),
     );
-    let record = match first_record(policy, hash, l, labels, annotations) {
-        Some((fresh, text)) => format!("{fresh} ? {} : {built}", cel_string(&text)),
+    let record = match first_record(policy, hash, l) {
+        Some(text) => format!(
+            "{} ? {} : {built}",
+            entry.full.join(" && "),
+            cel_string(&text)
+        ),
         None => built,
     };
     vars.push(var("record", record));
@@ -744,16 +776,10 @@ fn program(
 }
 
 /// The commonest record, written by the webhook's own serializer: a pod with no record yet that
-/// lacks every injected name and key gets exactly this policy's whole entry. Returns the CEL
-/// condition for that case and the record's text, so the API server builds no string for it.
-/// `None` with env or volume mounts, whose entry names the pod's own containers.
-fn first_record(
-    policy: &str,
-    hash: &str,
-    l: &Lists,
-    labels: &[(String, String)],
-    annotations: &[(String, String)],
-) -> Option<(String, String)> {
+/// lacks every injected name and key (the entry's `full` condition) gets exactly this policy's
+/// whole entry, so the API server builds no string for it. `None` with env or volume mounts,
+/// whose entry names the pod's own containers.
+fn first_record(policy: &str, hash: &str, l: &Lists) -> Option<String> {
     if !l.env.is_empty() || !l.mounts.is_empty() {
         return None;
     }
@@ -763,25 +789,11 @@ fn first_record(
         init_containers: names(&l.init),
         containers: names(&l.containers),
         volumes: names(&l.volumes),
-        labels: names(labels),
-        annotations: names(annotations),
+        labels: names(&l.labels),
+        annotations: names(&l.annotations),
         ..ProvenanceEntry::default()
     };
-    let text = serde_json::to_string(&Provenance::from([(policy.to_owned(), entry)])).ok()?;
-    let mut fresh = vec!["variables.status == \"\"".to_owned()];
-    let lists: [(&str, &[(String, String)]); 5] = [
-        ("initNew", &l.init),
-        ("containersNew", &l.containers),
-        ("volumesNew", &l.volumes),
-        ("labelsIdx", labels),
-        ("annotationsIdx", annotations),
-    ];
-    for (var, items) in lists {
-        if !items.is_empty() {
-            fresh.push(format!("size(variables.{var}) == {}", items.len()));
-        }
-    }
-    Some((fresh.join(" && "), text))
+    serde_json::to_string(&Provenance::from([(policy.to_owned(), entry)])).ok()
 }
 
 /// A `splice.dev/status` record with at least one entry, each as Splice writes it: a name, then

@@ -80,7 +80,7 @@ fn chain(
             selection,
         },
     );
-    let ops: json_patch::Patch = serde_json::from_slice(&chained.patch).unwrap();
+    let ops: json_patch::Patch = serde_json::from_slice(&chained.whole.patch).unwrap();
     let mut doc = pod.clone();
     json_patch::patch(&mut doc, &ops).unwrap();
     (chained, doc)
@@ -102,7 +102,7 @@ fn one_call_gives_the_pod_that_calling_each_policy_in_turn_gives() {
     let (mesh, logs, secrets) = (mesh(), logs(), secrets());
     let original = pod(json!({"app": "web", "secrets": "on"}));
     let (chained, once) = chain(&[&mesh, &logs, &secrets], &original, Selection::Evaluate);
-    assert!(chained.changed);
+    assert!(chained.whole.changed);
 
     let mut in_turn = original.clone();
     for p in [&mesh, &logs, &secrets] {
@@ -133,10 +133,10 @@ fn the_provenance_annotation_is_written_once_with_every_policy_in_it() {
         Selection::Evaluate,
     );
     assert_eq!(
-        status_writes(&chained.patch),
+        status_writes(&chained.whole.patch),
         1,
         "{}",
-        String::from_utf8_lossy(&chained.patch)
+        String::from_utf8_lossy(&chained.whole.patch)
     );
     let status: Value = serde_json::from_str(
         once["metadata"]["annotations"][STATUS_ANNOTATION]
@@ -167,8 +167,12 @@ fn a_chain_run_again_on_its_own_output_changes_nothing() {
         Selection::Evaluate,
     );
     let (again, twice) = chain(&policies, &once, Selection::Evaluate);
-    assert!(!again.changed, "{}", String::from_utf8_lossy(&again.patch));
-    assert_eq!(&again.patch[..], b"[]");
+    assert!(
+        !again.whole.changed,
+        "{}",
+        String::from_utf8_lossy(&again.whole.patch)
+    );
+    assert_eq!(&again.whole.patch[..], b"[]");
     assert_eq!(once, twice);
 }
 
@@ -227,7 +231,7 @@ fn a_single_policy_answers_with_its_own_patch() {
     let original = pod(json!({}));
     let (chained, once) = chain(&[&mesh], &original, Selection::Evaluate);
     let (alone, by_itself) = apply(&mesh, Operation::Create, &original, &ns("shop"));
-    assert_eq!(chained.patch, alone.patch);
+    assert_eq!(chained.whole.patch, alone.patch);
     assert_eq!(once, by_itself);
 }
 
@@ -273,7 +277,11 @@ fn injected_containers_get_the_token_mount_the_service_account_plugin_would_add(
     }
     // The ServiceAccount plugin, run again, would change nothing; neither would the policies.
     let (again, _) = chain(&[&mesh, &logs], &once, Selection::Evaluate);
-    assert!(!again.changed, "{}", String::from_utf8_lossy(&again.patch));
+    assert!(
+        !again.whole.changed,
+        "{}",
+        String::from_utf8_lossy(&again.whole.patch)
+    );
 }
 
 #[test]

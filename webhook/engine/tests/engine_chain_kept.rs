@@ -72,10 +72,10 @@ fn run(
 
 /// The same answer, and whether it is the kept one (the patch shares the earlier one's buffer).
 fn same(a: &Chained, b: &Chained) -> bool {
-    assert_eq!(a.patch, b.patch);
-    assert_eq!(a.warnings, b.warnings);
-    assert_eq!(a.changed, b.changed);
-    a.patch.as_ptr() == b.patch.as_ptr()
+    assert_eq!(a.whole.patch, b.whole.patch);
+    assert_eq!(a.whole.warnings, b.whole.warnings);
+    assert_eq!(a.whole.changed, b.whole.changed);
+    a.whole.patch.as_ptr() == b.whole.patch.as_ptr()
 }
 
 #[test]
@@ -89,7 +89,7 @@ fn a_pod_differing_only_in_managed_fields_gets_the_kept_answer_equal_to_a_fresh_
         &pod("2026-12-07T10:00:00Z", json!({"app": "web"})),
         &shop,
     );
-    assert!(first.changed);
+    assert!(first.whole.changed);
     let later = pod("2026-12-07T10:00:01Z", json!({"app": "web"}));
     let kept = run(Some(&cache), &[&a, &b], &later, &shop);
     assert!(same(&first, &kept), "the second pod was planned again");
@@ -114,7 +114,10 @@ fn a_pod_a_policy_or_a_namespace_that_differs_is_planned_afresh() {
     ));
 
     let other_order = run(Some(&cache), &[&b, &a], &text, &shop);
-    assert!(!first.patch.is_empty() && other_order.patch.as_ptr() != first.patch.as_ptr());
+    assert!(
+        !first.whole.patch.is_empty()
+            && other_order.whole.patch.as_ptr() != first.whole.patch.as_ptr()
+    );
 
     // The same policy compiled again (a new generation or valuesFrom data): a new answer.
     let a_again = sidecar("a-mesh");
@@ -132,7 +135,7 @@ fn a_pod_a_policy_or_a_namespace_that_differs_is_planned_afresh() {
 
     // Another namespace renders another image.
     let other = run(Some(&cache), &[&a, &b], &text, &ns("bank"));
-    assert_ne!(other.patch, first.patch);
+    assert_ne!(other.whole.patch, first.whole.patch);
 
     // And the original request still gets its kept answer.
     assert!(same(&first, &run(Some(&cache), &[&a, &b], &text, &shop)));
@@ -216,16 +219,16 @@ fn pods_differing_only_in_their_token_volume_share_an_answer_with_the_name_repla
     let cache = ChainCache::default();
     let shop = ns("shop");
     let first = run(Some(&cache), &[&a, &b], &pod_with_token("abcde"), &shop);
-    assert!(String::from_utf8_lossy(&first.patch).contains("kube-api-access-abcde"));
+    assert!(String::from_utf8_lossy(&first.whole.patch).contains("kube-api-access-abcde"));
     let second_pod = pod_with_token("vwxyz");
     let kept = run(Some(&cache), &[&a, &b], &second_pod, &shop);
     let fresh = run(None, &[&a, &b], &second_pod, &shop);
     assert_eq!(
-        kept.patch, fresh.patch,
+        kept.whole.patch, fresh.whole.patch,
         "the kept answer is the one the chain plans"
     );
-    assert_eq!(kept.warnings, fresh.warnings);
-    let text = String::from_utf8_lossy(&kept.patch);
+    assert_eq!(kept.whole.warnings, fresh.whole.warnings);
+    let text = String::from_utf8_lossy(&kept.whole.patch);
     assert!(
         text.contains("kube-api-access-vwxyz") && !text.contains("abcde"),
         "{text}"
@@ -256,6 +259,6 @@ fn a_policy_whose_spec_names_a_token_volume_gets_no_answer_planned_for_another_t
     let second_pod = pod_with_token("vwxyz");
     let kept = run(Some(&cache), &[&named_mount, &b], &second_pod, &shop);
     let fresh = run(None, &[&named_mount, &b], &second_pod, &shop);
-    assert_eq!(kept.patch, fresh.patch);
+    assert_eq!(kept.whole.patch, fresh.whole.patch);
     assert_eq!(kept.decisions.len(), fresh.decisions.len());
 }

@@ -417,7 +417,7 @@ impl Handler {
                 Outcomes::All(Outcome::Error),
             );
         };
-        let mut warnings = chained.warnings;
+        let mut warnings = chained.whole.warnings;
         let mut each = Vec::with_capacity(members.len());
         let mut decisions = chained.decisions.into_iter();
         let mut fatal = None;
@@ -522,7 +522,7 @@ impl Handler {
                 Outcomes::Each(each),
             );
         }
-        let patch = chained.changed.then_some(&chained.patch[..]);
+        let patch = chained.whole.changed.then_some(&chained.whole.patch[..]);
         (allow(&review, patch, &warnings), Outcomes::Each(each))
     }
 }
